@@ -1,0 +1,81 @@
+"""Schema of the `hardware` group: the cluster topology, device memory and bandwidths.
+
+Units are in the field names: capacities in GiB, bandwidths in GB/s (10^9 bytes per second), compute in TFLOP/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from neocfg.config import checks
+from neocfg.errors import ConfigError
+from neocfg.types import Backend, DeviceKind
+
+
+@dataclass
+class DeviceConfig:
+    kind: DeviceKind = DeviceKind.gpu
+    model: str = "generic"
+    # Fast device memory (HBM on a GPU; the per-rank memory budget on a CPU rank).
+    hbm_gib: float = MISSING
+    hbm_bandwidth_gbs: float = MISSING
+    # Dense throughput the MLPs can reach (peak at the training precision, before efficiency factors).
+    peak_tflops: float = 100.0
+
+    def check(self, key: str) -> None:
+        checks.positive(f"{key}.hbm_gib", self.hbm_gib)
+        checks.positive(f"{key}.hbm_bandwidth_gbs", self.hbm_bandwidth_gbs)
+        checks.positive(f"{key}.peak_tflops", self.peak_tflops)
+
+
+@dataclass
+class HostConfig:
+    ddr_gib: float = MISSING
+    ddr_bandwidth_gbs: float = MISSING
+    cpu_cores: int = 64
+    # Host-to-device bandwidth used by UVM caching and host-resident tables (PCIe).
+    pcie_bandwidth_gbs: float = 25.0
+
+    def check(self, key: str) -> None:
+        checks.positive(f"{key}.ddr_gib", self.ddr_gib)
+        checks.positive(f"{key}.ddr_bandwidth_gbs", self.ddr_bandwidth_gbs)
+        checks.positive(f"{key}.cpu_cores", self.cpu_cores)
+        checks.positive(f"{key}.pcie_bandwidth_gbs", self.pcie_bandwidth_gbs)
+
+
+@dataclass
+class HardwareConfig:
+    name: str = MISSING
+    nodes: int = 1
+    devices_per_node: int = 2
+    # Optional; when given it must equal nodes * devices_per_node.
+    world_size: Optional[int] = None
+    backend: Backend = Backend.gloo
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    # Per-device bandwidth within a node (NVLink) and across nodes (the device's share of the RDMA NICs).
+    intra_node_bandwidth_gbs: float = MISSING
+    inter_node_bandwidth_gbs: float = MISSING
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def check(self, key: str = "hardware") -> None:
+        checks.non_empty(f"{key}.name", self.name)
+        checks.positive(f"{key}.nodes", self.nodes)
+        checks.positive(f"{key}.devices_per_node", self.devices_per_node)
+        if self.world_size is not None and self.world_size != self.num_devices:
+            raise ConfigError(
+                f"{key}.world_size", self.world_size,
+                f"must equal hardware.nodes x hardware.devices_per_node = {self.nodes} x {self.devices_per_node}"
+                f" = {self.num_devices}")
+        self.device.check(f"{key}.device")
+        self.host.check(f"{key}.host")
+        checks.positive(f"{key}.intra_node_bandwidth_gbs", self.intra_node_bandwidth_gbs)
+        checks.positive(f"{key}.inter_node_bandwidth_gbs", self.inter_node_bandwidth_gbs)
+        if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
+            raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

@@ -1,0 +1,115 @@
+"""Schema of the `model` group: the embedding tables and the dense (MLP / interaction) architecture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from omegaconf import MISSING
+
+from neocfg.config import checks
+from neocfg.errors import ConfigError
+from neocfg.types import Interaction, MemoryTier, ShardingType, WeightsDtype
+
+# Default skew of id accesses when a table does not state one. Source: Criteo categorical features follow a
+# power law with exponent about 1 (e.g. "Understanding Training Efficiency of Deep Learning Recommendation
+# Models at Scale", Acun et al., HPCA'21, fig. 5); 1.05 keeps the sampler well defined.
+DEFAULT_ZIPF_ALPHA = 1.05
+
+
+@dataclass
+class TableConfig:
+    name: str = MISSING
+    num_embeddings: int = MISSING
+    embedding_dim: int = MISSING
+    # Mean number of ids per sample (1 for one-hot features, >1 for multi-hot).
+    pooling_factor: float = 1.0
+    # Access skew: ids are drawn with P(rank r) ~ r^-zipf_alpha; None means DEFAULT_ZIPF_ALPHA.
+    zipf_alpha: Optional[float] = None
+    # Planner constraints; None means "any the planner allows".
+    sharding_types: Optional[List[ShardingType]] = None
+    memory_tiers: Optional[List[MemoryTier]] = None
+    weights_dtypes: Optional[List[WeightsDtype]] = None
+    # Forced placement: the ranks the table's shards must go to (TW: one rank; CW/TWCW: one per slice).
+    ranks: Optional[List[int]] = None
+
+    @property
+    def alpha(self) -> float:
+        return DEFAULT_ZIPF_ALPHA if self.zipf_alpha is None else self.zipf_alpha
+
+    @property
+    def num_parameters(self) -> int:
+        return self.num_embeddings * self.embedding_dim
+
+    def check(self, key: str) -> None:
+        checks.non_empty(f"{key}.name", self.name)
+        checks.positive(f"{key}.num_embeddings", self.num_embeddings)
+        checks.positive(f"{key}.embedding_dim", self.embedding_dim)
+        checks.positive(f"{key}.pooling_factor", self.pooling_factor)
+        if self.zipf_alpha is not None:
+            checks.in_range(f"{key}.zipf_alpha", self.zipf_alpha, 0.0, 5.0)
+        for sub in ("sharding_types", "memory_tiers", "weights_dtypes", "ranks"):
+            value = getattr(self, sub)
+            if value is not None:
+                checks.non_empty(f"{key}.{sub}", value)
+        if self.ranks is not None:
+            for i, r in enumerate(self.ranks):
+                checks.non_negative(f"{key}.ranks.{i}", r)
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    tables: List[TableConfig] = MISSING
+    num_dense_features: int = 13
+    # Bottom MLP layer widths after the dense input; None means [512, 256, D] (D = the tables' embedding dim).
+    bottom_mlp: Optional[List[int]] = None
+    # Top ("over") MLP widths; must end in 1 (the logit).
+    top_mlp: List[int] = field(default_factory=lambda: [512, 256, 1])
+    interaction: Interaction = Interaction.dot
+    dcn_num_layers: int = 3
+    dcn_low_rank_dim: int = 512
+    # Planning-only models are too big to instantiate; mode=train refuses them.
+    planning_only: bool = False
+
+    @property
+    def embedding_dims(self) -> List[int]:
+        return [t.embedding_dim for t in self.tables]
+
+    @property
+    def bottom_layers(self) -> List[int]:
+        if self.bottom_mlp is not None:
+            return list(self.bottom_mlp)
+        return [512, 256, self.tables[0].embedding_dim]
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(t.num_parameters for t in self.tables)
+
+    def check(self, key: str = "model") -> None:
+        checks.non_empty(f"{key}.name", self.name)
+        checks.non_empty(f"{key}.tables", self.tables)
+        for i, t in enumerate(self.tables):
+            t.check(f"{key}.tables.{i}")
+        checks.unique(f"{key}.tables", [t.name for t in self.tables])
+        checks.non_negative(f"{key}.num_dense_features", self.num_dense_features)
+        if self.bottom_mlp is not None:
+            checks.non_empty(f"{key}.bottom_mlp", self.bottom_mlp)
+            checks.all_positive(f"{key}.bottom_mlp", self.bottom_mlp)
+        checks.non_empty(f"{key}.top_mlp", self.top_mlp)
+        checks.all_positive(f"{key}.top_mlp", self.top_mlp)
+        if self.top_mlp[-1] != 1:
+            raise ConfigError(f"{key}.top_mlp", list(self.top_mlp), "the last layer must have width 1 (the logit)")
+        if self.interaction is Interaction.dot:
+            dims = sorted(set(self.embedding_dims))
+            if len(dims) > 1:
+                raise ConfigError(
+                    f"{key}.interaction", "dot",
+                    f"dot interaction needs one embedding_dim for all tables, got {dims}; use interaction=dcn")
+            if self.bottom_layers[-1] != dims[0]:
+                raise ConfigError(
+                    f"{key}.bottom_mlp", list(self.bottom_layers),
+                    f"the last bottom layer must equal embedding_dim={dims[0]} for dot interaction")
+        else:
+            checks.positive(f"{key}.dcn_num_layers", self.dcn_num_layers)
+            checks.positive(f"{key}.dcn_low_rank_dim", self.dcn_low_rank_dim)

@@ -1,0 +1,36 @@
+"""Schema of the `train` section: batch, steps, optimizers, evaluation and checkpointing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from neocfg.config import checks
+from neocfg.types import DenseOptimizer, SparseOptimizer
+
+
+@dataclass
+class TrainConfig:
+    # Samples per device per step (the global batch is batch_size x world size).
+    batch_size: int = 256
+    steps: int = 200
+    eval_batches: int = 20
+    dense_optimizer: DenseOptimizer = DenseOptimizer.adagrad
+    dense_learning_rate: float = 0.05
+    sparse_optimizer: SparseOptimizer = SparseOptimizer.exact_rowwise_adagrad
+    sparse_learning_rate: float = 0.05
+    seed: int = 0
+    log_every: int = 10
+    # Save a checkpoint every N steps (0: never) into checkpoint_dir (default: <run dir>/checkpoints).
+    checkpoint_every: int = 0
+    checkpoint_dir: Optional[str] = None
+    resume: bool = False
+
+    def check(self, key: str = "train") -> None:
+        checks.positive(f"{key}.batch_size", self.batch_size)
+        checks.positive(f"{key}.steps", self.steps)
+        checks.non_negative(f"{key}.eval_batches", self.eval_batches)
+        checks.positive(f"{key}.dense_learning_rate", self.dense_learning_rate)
+        checks.positive(f"{key}.sparse_learning_rate", self.sparse_learning_rate)
+        checks.positive(f"{key}.log_every", self.log_every)
+        checks.non_negative(f"{key}.checkpoint_every", self.checkpoint_every)

@@ -1,0 +1,36 @@
+"""User-facing errors. Each is reported as one line on stderr with a non-zero exit code (no traceback)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class NeocfgError(Exception):
+    """Base of every error that is the user's to fix (config, data, capacity); printed as one line."""
+
+    exit_code = 2
+
+
+class ConfigError(NeocfgError):
+    """A config value is invalid: names the full key path, the bad value and what is allowed."""
+
+    NO_VALUE = object()
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        self.key, self.value, self.allowed = key, value, allowed
+        if value is ConfigError.NO_VALUE:
+            super().__init__(f"{key}: {allowed}")
+        else:
+            super().__init__(f"{key}={value!r} is invalid: {allowed}")
+
+
+class InfeasibleError(NeocfgError):
+    """The model cannot be placed on the hardware (or fed by the data pipeline) as configured."""
+
+    exit_code = 3
+
+
+class DataError(NeocfgError):
+    """A data file, split or schema is bad: names the file (and split) and what is wrong."""
+
+    exit_code = 4

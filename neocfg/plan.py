@@ -1,0 +1,159 @@
+"""The plan: what the planner decides and the runtime executes. Serialized as plan.json (a contract; keys are kept).
+
+Shards of a table:
+  table_wise         one shard, all rows and columns, on one rank
+  column_wise        k shards, all rows, consecutive column slices, each on a rank (any node)
+  table_column_wise  like column_wise, all slices on the ranks of one node
+  row_wise           one shard per rank of the world, consecutive row ranges, all columns
+  table_row_wise     one shard per rank of one node, consecutive row ranges, all columns
+  data_parallel      one full replica per rank
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from neocfg.errors import DataError
+from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Shard:
+    rank: int
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    sharding: ShardingType
+    memory: MemoryTier
+    weights_dtype: WeightsDtype
+    shards: tuple[Shard, ...]
+    # Fraction of rows cached in HBM when memory is uvm_caching (0 otherwise).
+    cache_ratio: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    rank: int
+    hbm_bytes: int
+    host_bytes: int
+    compute_ms: float
+    comm_ms: float
+    total_ms: float
+    # Shard counts per sharding type (keys: ShardingType values).
+    shard_counts: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    step_ms: float
+    samples_per_s: float
+    dense_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class SolverReport:
+    algorithm: str
+    status: str
+    seconds: float
+    objective_ms: float
+    lower_bound_ms: float
+    gap: float
+
+
+@dataclass(frozen=True)
+class DppSizing:
+    workers: int
+    workers_per_trainer_node: float
+    bottleneck: str
+    demand_samples_per_s: float
+    capacity_samples_per_s: float
+    workers_by_shape: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Plan:
+    model_name: str
+    world_size: int
+    nodes: int
+    devices_per_node: int
+    batch_size_per_device: int
+    a2a_fwd_dtype: CommDtype
+    a2a_bwd_dtype: CommDtype
+    tables: tuple[TablePlan, ...]
+    devices: tuple[DeviceEstimate, ...]
+    estimate: Estimate
+    solver: SolverReport
+    dpp: Optional[DppSizing] = None
+
+    def table(self, name: str) -> TablePlan:
+        for t in self.tables:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    def placement_signature(self) -> list[Any]:
+        """What must match between a checkpoint and the plan it is resumed with (placement, not estimates)."""
+        return [self.world_size, [(t.name, t.num_embeddings, t.embedding_dim, t.sharding.value, t.memory.value,
+                                   t.weights_dtype.value, [tuple(asdict(s).values()) for s in t.shards])
+                                  for t in self.tables]]
+
+    def to_dict(self) -> dict[str, Any]:
+        def enc(obj: Any) -> Any:
+            if isinstance(obj, (ShardingType, MemoryTier, WeightsDtype, CommDtype)):
+                return obj.value
+            if isinstance(obj, dict):
+                return {k: enc(v) for k, v in obj.items()}
+            if isinstance(obj, (list, tuple)):
+                return [enc(v) for v in obj]
+            return obj
+
+        d = {"format_version": PLAN_FORMAT_VERSION}
+        d.update({k: enc(v) for k, v in asdict(self).items()})
+        # asdict recursed through the dataclasses but kept the enums; enc turned them into their names.
+        return d
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Plan":
+        tables = tuple(
+            TablePlan(name=t["name"], num_embeddings=t["num_embeddings"], embedding_dim=t["embedding_dim"],
+                      sharding=ShardingType(t["sharding"]), memory=MemoryTier(t["memory"]),
+                      weights_dtype=WeightsDtype(t["weights_dtype"]),
+                      shards=tuple(Shard(**s) for s in t["shards"]), cache_ratio=t.get("cache_ratio", 0.0))
+            for t in d["tables"])
+        return Plan(
+            model_name=d["model_name"], world_size=d["world_size"], nodes=d["nodes"],
+            devices_per_node=d["devices_per_node"], batch_size_per_device=d["batch_size_per_device"],
+            a2a_fwd_dtype=CommDtype(d["a2a_fwd_dtype"]), a2a_bwd_dtype=CommDtype(d["a2a_bwd_dtype"]),
+            tables=tables, devices=tuple(DeviceEstimate(**x) for x in d["devices"]),
+            estimate=Estimate(**d["estimate"]), solver=SolverReport(**d["solver"]),
+            dpp=DppSizing(**d["dpp"]) if d.get("dpp") else None)
+
+    def save(self, path: Path) -> None:
+        """Write atomically: a crash leaves either the old file or the new one, never half of one."""
+        path = Path(path)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        tmp.replace(path)
+
+    @staticmethod
+    def load(path: Path) -> "Plan":
+        path = Path(path)
+        try:
+            return Plan.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise DataError(f"{path}: plan file not found") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{path}: not a valid neocfg plan.json ({type(exc).__name__}: {exc})") from None

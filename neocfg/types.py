@@ -1,0 +1,90 @@
+"""Enumerations shared by the config schema, the planner, the plan file and the runtime.
+
+Member names are the spellings users write in YAML and that appear in plan.json, so they are lower case.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Mode(Enum):
+    describe = "describe"
+
+
+class ShardingType(Enum):
+    table_wise = "table_wise"
+    column_wise = "column_wise"
+    row_wise = "row_wise"
+    table_row_wise = "table_row_wise"
+    table_column_wise = "table_column_wise"
+    data_parallel = "data_parallel"
+
+
+class MemoryTier(Enum):
+    hbm = "hbm"
+    uvm_caching = "uvm_caching"
+    host = "host"
+
+
+class WeightsDtype(Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"
+
+    @property
+    def bytes(self) -> int:
+        return {"fp32": 4, "fp16": 2}[self.value]
+
+
+class CommDtype(Enum):
+    """Precision of the embedding all-to-all payloads (quality-preserving compression, Neo section 5)."""
+
+    fp32 = "fp32"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+    @property
+    def bytes(self) -> int:
+        return {"fp32": 4, "fp16": 2, "bf16": 2}[self.value]
+
+
+class Interaction(Enum):
+    dot = "dot"
+    dcn = "dcn"
+
+
+class SparseOptimizer(Enum):
+    exact_rowwise_adagrad = "exact_rowwise_adagrad"
+    exact_adagrad = "exact_adagrad"
+    exact_sgd = "exact_sgd"
+
+
+class DenseOptimizer(Enum):
+    sgd = "sgd"
+    adagrad = "adagrad"
+    adam = "adam"
+
+
+class DeviceKind(Enum):
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+class Backend(Enum):
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class DataSource(Enum):
+    synthetic = "synthetic"
+    parquet = "parquet"
+
+
+class PlannerAlgorithm(Enum):
+    ilp = "ilp"
+    greedy = "greedy"
+
+
+class OnBadSplit(Enum):
+    fail = "fail"
+    skip = "skip"

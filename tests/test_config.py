@@ -1,0 +1,97 @@
+"""Issue 2: every preset composes and validates; overrides; schema defaults; cross-field checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from neocfg.errors import ConfigError
+from neocfg.types import Interaction, Mode
+
+from conftest import CONF, compose_cfg
+
+
+def _presets(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", _presets("model"))
+def test_every_model_preset_validates(model):
+    cfg = compose_cfg([f"model={model}"])
+    assert cfg.model.name == model
+    assert len(cfg.model.tables) > 0
+    assert all(t.num_embeddings > 0 and t.embedding_dim > 0 for t in cfg.model.tables)
+
+
+@pytest.mark.parametrize("hardware", _presets("hardware"))
+def test_every_hardware_preset_validates(hardware):
+    cfg = compose_cfg([f"hardware={hardware}"])
+    assert cfg.hardware.name == hardware
+    assert cfg.hardware.num_devices == cfg.hardware.nodes * cfg.hardware.devices_per_node
+
+
+@pytest.mark.parametrize("dsi", _presets("dsi"))
+def test_every_dsi_preset_validates(dsi):
+    cfg = compose_cfg([f"dsi={dsi}"])
+    assert cfg.dsi.name == dsi
+
+
+def test_published_numbers():
+    kaggle = compose_cfg(["model=criteo_kaggle"]).model
+    assert len(kaggle.tables) == 26 and kaggle.tables[2].num_embeddings == 10131227
+    assert kaggle.bottom_layers == [512, 256, 64, 16] and kaggle.top_mlp == [512, 256, 1]
+    dcn = compose_cfg(["model=dcnv2_mlperf"]).model
+    assert dcn.interaction is Interaction.dcn and dcn.dcn_low_rank_dim == 512
+    assert [t.pooling_factor for t in dcn.tables][20] == 100
+    assert sum(t.num_embeddings for t in dcn.tables) == 204_184_588
+    neo = compose_cfg(["model=neo_model_f_12t"]).model
+    assert 11e12 < neo.num_parameters < 13e12 and {t.embedding_dim for t in neo.tables} == {256}
+    z16 = compose_cfg(["hardware=zionex_16node"]).hardware
+    assert z16.num_devices == 128 and z16.device.hbm_gib == 40 and z16.inter_node_bandwidth_gbs == 25
+
+
+def test_overrides_apply():
+    cfg = compose_cfg(["model=criteo_kaggle", "model.tables.3.num_embeddings=77", "hardware.devices_per_node=4",
+                       "train.batch_size=64", "planner.algorithm=greedy"])
+    assert cfg.model.tables[3].num_embeddings == 77
+    assert cfg.hardware.num_devices == 4
+    assert cfg.train.batch_size == 64
+    assert cfg.planner.algorithm.value == "greedy"
+    assert cfg.mode is Mode.describe
+
+
+def test_node_count_override_works_on_presets():
+    cfg = compose_cfg(["hardware=zionex_1node", "hardware.nodes=4"])
+    assert cfg.hardware.num_devices == 32
+
+
+def test_model_with_only_name_and_tables_is_valid(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from neocfg.config.schema import load, register
+
+    (tmp_path / "model").mkdir()
+    rows = "\n".join(f"  - {{name: t{i}, num_embeddings: {1000 + i}, embedding_dim: 64, pooling_factor: 3.5}}"
+                     for i in range(300))
+    (tmp_path / "model" / "mine.yaml").write_text(f"name: mine\ntables:\n{rows}\n")
+    register()
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        raw = compose("config", overrides=["model=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    cfg = load(raw)
+    assert len(cfg.model.tables) == 300
+    assert cfg.model.bottom_layers[-1] == 64  # default bottom MLP ends at the embedding dim
+    assert cfg.model.tables[0].pooling_factor == 3.5
+
+
+@pytest.mark.parametrize("override,key", [
+    ("model.tables.0.num_embeddings=-5", "model.tables.0.num_embeddings"),
+    ("model.tables.2.embedding_dim=0", "model.tables.2.embedding_dim"),
+    ("model.tables.1.pooling_factor=-1", "model.tables.1.pooling_factor"),
+    ("model.tables.1.name=t0", "model.tables.1.name"),
+    ("hardware.world_size=3", "hardware.world_size"),
+    ("model.bottom_mlp=[64,32,8]", "model.bottom_mlp"),
+    ("planner.cache_ratio=0", "planner.cache_ratio"),
+    ("model.tables.0.ranks=[9]", "model.tables.0.ranks.0"),
+])
+def test_cross_field_checks_name_the_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        compose_cfg([override])
+    assert err.value.key == key
