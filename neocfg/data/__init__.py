@@ -1,0 +1,1 @@
+"""Data: synthetic samples, Parquet datasets and the DPP service that feeds trainers."""
