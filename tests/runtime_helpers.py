@@ -94,7 +94,7 @@ def run_reference(cfg: NeocfgConfig, world: int) -> RunState:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     states = tbe.split_optimizer_states()
     return RunState(losses, [w.detach().clone().float() for w in tbe.split_embedding_weights()],
                     [s[0].clone() if s else None for s in states] if states else [None] * len(tables),
