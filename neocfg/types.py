@@ -10,6 +10,7 @@ from enum import Enum
 
 class Mode(Enum):
     describe = "describe"
+    train = "train"
 
 
 class ShardingType(Enum):

@@ -14,6 +14,7 @@ import io
 import os
 import socket
 import traceback
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -68,6 +69,8 @@ def _to_bytes(obj: Any) -> bytes:
 def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
             fn: Callable[..., Any], args: tuple, results: Any) -> None:
     torch.set_num_threads(_threads_per_rank(world))
+    # The synthetic data's id hash multiplies uint64 scalars modulo 2^64 on purpose; numpy warns about it.
+    warnings.filterwarnings("ignore", message="overflow encountered in scalar multiply", category=RuntimeWarning)
     try:
         dist.init_process_group(backend.value, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))

@@ -15,8 +15,15 @@ from neocfg.runtime.launch import RankEnv, launch, under_torchrun
 def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
     if cfg.planner.plan_file:
         return Plan.load(Path(cfg.planner.plan_file))
-    from neocfg.planner import make_plan
+    try:
+        from neocfg.planner import make_plan
+    except ImportError:  # the planner is not in this build: fall back to a rule-built table-wise plan
+        from neocfg.runtime.plans import rule_plan
 
+        print("planner not available: training a table-wise round-robin plan")
+        hw = cfg.hardware
+        return rule_plan(cfg.model, world=hw.num_devices, devices_per_node=hw.devices_per_node,
+                         batch_size=cfg.train.batch_size)
     return make_plan(cfg)
 
 
@@ -55,11 +62,11 @@ def render(m: dict[str, Any]) -> str:
 
 def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
     check_trainable(cfg)
-    plan = load_or_make_plan(cfg)
     if cfg.train.resume and not cfg.train.checkpoint_dir:
         raise ConfigError("train.checkpoint_dir", None,
                           "train.resume=true needs the directory of the run to resume (each run has its own output "
                           "directory)")
+    plan = load_or_make_plan(cfg)
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         plan.save(run_dir / "plan.json")
