@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import io
 import os
+import signal
 import socket
 import traceback
 import warnings
@@ -114,6 +115,12 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
         failure = exc
     drain()
+    # A rank killed by a signal (other than the SIGTERM the launcher sends to the survivors) is the root cause; the
+    # survivors' errors (a collective that lost its peer) are consequences.
+    for i, p in enumerate(procs.processes):
+        code = p.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM:
+            raise RankFailedError(f"rank {i} was killed by {signal.Signals(-code).name}; the other ranks were stopped")
     for rank, kind, payload in sorted(reports, key=lambda r: r[0]):
         if kind == "error":
             name, message, code = payload
@@ -124,10 +131,8 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         if kind == "crash":
             raise RuntimeError(f"rank {rank} failed:\n{payload}")
     if failure is not None:
-        code = getattr(failure, "exit_code", None)
-        sig = getattr(failure, "signal_name", None)
-        how = f"was killed by {sig}" if sig else f"exited with code {code}"
-        raise RankFailedError(f"rank {failure.error_index} {how}; the other ranks were stopped")
+        raise RankFailedError(f"rank {failure.error_index} exited with code {failure.exit_code}; "
+                              f"the other ranks were stopped")
     by_rank = {rank: torch.load(io.BytesIO(payload), weights_only=False) for rank, kind, payload in reports
                if kind == "ok"}
     return [by_rank.get(r) for r in range(world)]
