@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import traceback
 import sys
 from pathlib import Path
@@ -108,6 +109,8 @@ def _app(raw: DictConfig) -> object:
 
 def main() -> None:
     debug = _debug_requested(sys.argv[1:])
+    # `neocfg ... | head` ends quietly, like any Unix tool, instead of reporting a broken pipe.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Let exceptions reach us instead of Hydra's multi-line report; we print one line.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     register()

@@ -16,8 +16,8 @@ from typing import Any, Optional
 import yaml
 
 from neocfg.types import SweepMetric
+from neocfg.units import GIB
 
-GIB = 1024**3
 STATUS_FILE = "status.json"
 
 # Metric columns, in table order; every one may be absent (None) for a run that did not produce it.
