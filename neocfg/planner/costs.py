@@ -14,8 +14,11 @@ Memory   weights at the precision + optimizer state (row-wise Adagrad one fp32 p
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
@@ -31,19 +34,25 @@ FP32 = 4
 _EXACT_HARMONIC_TERMS = 10_000
 
 
+@functools.lru_cache(maxsize=4096)
+def _harmonic_head(n: int, alpha: float) -> float:
+    return float(np.sum(np.arange(1, n + 1, dtype=np.float64) ** -alpha))
+
+
 def generalized_harmonic(n: float, alpha: float) -> float:
-    """H(n, alpha) = sum_{k=1..n} k^-alpha (exact head, Euler-Maclaurin integral tail)."""
+    """H(n, alpha) = sum_{k=1..n} k^-alpha (exact head, integral of the tail with the midpoint correction)."""
     n = int(n)
     if n <= 0:
         return 0.0
     head = min(n, _EXACT_HARMONIC_TERMS)
-    total = sum(k ** -alpha for k in range(1, head + 1))
+    total = _harmonic_head(head, float(alpha))
     if n > head:
         a, b = head + 0.5, n + 0.5
         total += math.log(b / a) if abs(alpha - 1.0) < 1e-12 else (b ** (1 - alpha) - a ** (1 - alpha)) / (1 - alpha)
     return total
 
 
+@functools.lru_cache(maxsize=65536)
 def zipf_hit_rate(num_rows: int, alpha: float, cache_ratio: float) -> float:
     """Fraction of lookups served by a cache holding the hottest `cache_ratio` of the rows under Zipf(alpha)."""
     cached = max(1, int(num_rows * cache_ratio))

@@ -21,19 +21,33 @@ def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[S
     min_work = [min(o.total_work for o in opts) for opts in options]
     order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -min_work[t]))
     remaining = sum(min_work)
+    # Memory the tables still to come need at least (per tier, summed over devices): an option that would leave
+    # less than that is taken only when nothing else fits.
+    min_hbm = [min(o.storage.hbm * o.num_pieces for o in opts) for opts in options]
+    min_host = [min(o.storage.host * o.num_pieces for o in opts) for opts in options]
+    rem_hbm, rem_host = sum(min_hbm), sum(min_host)
+    total_hbm, total_host = capacity.hbm * w, capacity.host * w
     loads = DeviceLoads(topo, capacity)
     chosen: list[Optional[Placement]] = [None] * len(options)
     for t in order:
         remaining -= min_work[t]
-        best: Optional[tuple[tuple[float, float], Placement]] = None
+        rem_hbm -= min_hbm[t]
+        rem_host -= min_host[t]
+        used_hbm, used_host = int(loads.hbm.sum()), int(loads.host.sum())
+        best: Optional[tuple[tuple[bool, float, float], Placement]] = None
         peak, total = float(loads.time.max()), float(loads.time.sum())
         for o in options[t]:
             ranks = loads.best_ranks(o)
             if ranks is None:
                 continue
-            new_peak = max(peak, float(loads.time[list(ranks)].max()) + o.perf.total)
+            idx = list(ranks)
+            new_peak = max(peak, float(loads.time[idx].max()) + o.perf.total)
             projected = max(new_peak, (total + o.total_work + remaining) / w)
-            key = (projected, o.total_work)
+            starves = (used_hbm + o.storage.hbm * o.num_pieces + rem_hbm > total_hbm
+                       or used_host + o.storage.host * o.num_pieces + rem_host > total_host
+                       or int(loads.hbm[idx].max()) + o.storage.hbm > capacity.hbm - rem_hbm / w
+                       or int(loads.host[idx].max()) + o.storage.host > capacity.host - rem_host / w)
+            key = (starves, projected, o.total_work)
             if best is None or key < best[0]:
                 best = (key, Placement(o, ranks))
         if best is None:
@@ -44,14 +58,13 @@ def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[S
 
 
 def _no_room(name: str, opts: Sequence[ShardingOption], loads: DeviceLoads) -> str:
-    o = min(opts, key=lambda o: o.storage.hbm + o.storage.host)
-    free_hbm = int((loads.capacity.hbm - loads.hbm).max())
-    free_host = int((loads.capacity.host - loads.host).max())
     gib = 1024**3
-    return (f"table {name} finds no device with room after the larger tables were placed: its smallest option"
-            f" {o.label()} needs {o.storage.hbm / gib:,.2f} GiB HBM + {o.storage.host / gib:,.2f} GiB host per"
-            f" device, the freest device has {free_hbm / gib:,.2f} GiB HBM / {free_host / gib:,.2f} GiB host left;"
-            f" would fit with fp16 weights, UVM caching, row-wise sharding or more nodes")
+    o = min(opts, key=lambda o: (o.storage.hbm + o.storage.host) * o.num_pieces)
+    with_room = int(loads.fits_mask(o).sum())
+    return (f"table {name} finds no room after the larger tables were placed: its smallest option {o.label()} needs"
+            f" {o.storage.hbm / gib:,.3f} GiB device memory + {o.storage.host / gib:,.3f} GiB host DDR on each of"
+            f" {o.num_pieces} device(s), {with_room} of {loads.topo.world} devices have that much left; would fit"
+            f" with planner.algorithm=ilp, fp16 weights, UVM caching, row-wise sharding or more nodes")
 
 
 def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
