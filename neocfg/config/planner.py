@@ -48,6 +48,10 @@ class CostConstants:
     # Weight of total communication time (ms summed over devices) in the ILP objective: a tie-breaker among
     # plans with the same step time, small enough not to trade step time for it.
     comm_tiebreak: float = 1e-4
+    # Times a DPP worker's memory system moves each byte of a sample (NIC DMA in, decompress/decode, transform,
+    # serialize + DMA out); DSI (Zhao et al., ISCA'22, section 5) finds memory bandwidth a DPP bottleneck next to
+    # CPU and NIC.
+    dpp_memory_passes: float = 4.0
 
     def check(self, key: str) -> None:
         for name in ("hbm_efficiency", "pcie_efficiency", "comm_efficiency", "dense_mfu"):
@@ -57,6 +61,7 @@ class CostConstants:
         checks.in_range(f"{key}.host_reserve_fraction", self.host_reserve_fraction, 0.0, 1.0, hi_open=True)
         checks.positive(f"{key}.bwd_compute_multiplier", self.bwd_compute_multiplier)
         checks.positive(f"{key}.id_bytes", self.id_bytes)
+        checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
         for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))
 
