@@ -15,8 +15,15 @@ def _describe(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     return run(cfg, run_dir)
 
 
+def _plan(cfg: NeocfgConfig, run_dir: Path | None) -> object:
+    from neocfg.planner.run import run
+
+    return run(cfg, run_dir)
+
+
 MODES: dict[Mode, Callable[[NeocfgConfig, Path | None], object]] = {
     Mode.describe: _describe,
+    Mode.plan: _plan,
 }
 
 
