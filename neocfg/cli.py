@@ -6,8 +6,11 @@ NEOCFG_DEBUG=1 (or `debug=true`) to see the traceback instead.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import traceback
 import sys
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from omegaconf import DictConfig
 from neocfg.cli_errors import format_error
 from neocfg.config.schema import NeocfgConfig, load, register
 from neocfg.errors import NeocfgError
+from neocfg.sweep.summary import STATUS_FILE
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -55,23 +59,58 @@ def run_mode(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     return modes.dispatch(cfg, run_dir)
 
 
+def _is_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    try:
+        return HydraConfig.get().mode == RunMode.MULTIRUN
+    except Exception:
+        return False
+
+
+def _write_status(run_dir: Path | None, error: BaseException | None) -> None:
+    """status.json in the run directory: what the sweep summary reads to say whether a run worked, and why not."""
+    if run_dir is None:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    status = {"ok": error is None, "error": None if error is None else str(error),
+              "error_type": None if error is None else type(error).__name__}
+    (run_dir / STATUS_FILE).write_text(json.dumps(status) + "\n")
+
+
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def _app(raw: DictConfig) -> object:
     run_dir = _run_dir()
+    debug = _debug_requested(sys.argv[1:])
     try:
         cfg = load(raw)
-        return run_mode(cfg, run_dir)
+        result = run_mode(cfg, run_dir)
     except NeocfgError as exc:
-        _discard_if_only_bookkeeping(run_dir)
-        if _debug_requested(sys.argv[1:]):
+        if debug:
             raise
-        # Exit here rather than raise: Hydra would log a multi-line "Error executing job" report first.
         print(f"neocfg: error: {exc}", file=sys.stderr)
+        if _is_multirun():
+            # One run of a sweep that does not fit is a row of the summary, not a crashed sweep.
+            _write_status(run_dir, exc)
+            return None
+        _discard_if_only_bookkeeping(run_dir)
+        # Exit here rather than raise: Hydra would log a multi-line "Error executing job" report first.
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        if _is_multirun() and not debug:
+            traceback.print_exc()
+            _write_status(run_dir, exc)
+            return None
+        raise
+    _write_status(run_dir, None)
+    return result
 
 
 def main() -> None:
     debug = _debug_requested(sys.argv[1:])
+    # `neocfg ... | head` ends quietly, like any Unix tool, instead of reporting a broken pipe.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     # Let exceptions reach us instead of Hydra's multi-line report; we print one line.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     register()

@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from neocfg.config.schema import NeocfgConfig
+from neocfg.units import GIB, fmt_bytes
 
-GIB = 1024**3
 # Row-wise Adagrad keeps one fp32 accumulator per row: the least optimizer state a trainable table needs.
 ROWWISE_STATE_BYTES_PER_ROW = 4
 MAX_LISTED_TABLES = 20
@@ -56,10 +56,6 @@ def summarize(cfg: NeocfgConfig) -> ModelSummary:
     )
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:,.2f} GiB"
-
-
 def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
@@ -74,18 +70,18 @@ def render(cfg: NeocfgConfig, s: ModelSummary) -> str:
     shown = by_size[:MAX_LISTED_TABLES] if len(by_size) > MAX_LISTED_TABLES else model.tables
     for t in shown:
         lines.append(f"  {t.name:<16}{t.num_embeddings:>15,}{t.embedding_dim:>6}{t.pooling_factor:>9.2f}"
-                     f"{t.alpha:>6.2f}{_gib(4 * t.num_parameters):>14}")
+                     f"{t.alpha:>6.2f}{fmt_bytes(4 * t.num_parameters):>14}")
     if len(shown) < len(model.tables):
         lines.append(f"  ... and {len(model.tables) - len(shown)} smaller tables")
     lines += [
-        f"  weights: {_gib(s.bytes_fp32)} at fp32, {_gib(s.bytes_fp16)} at fp16;"
-        f" row-wise Adagrad state {_gib(s.optimizer_state_bytes)}",
+        f"  weights: {fmt_bytes(s.bytes_fp32)} at fp32, {fmt_bytes(s.bytes_fp16)} at fp16;"
+        f" row-wise Adagrad state {fmt_bytes(s.optimizer_state_bytes)}",
         f"  lookups per sample: {s.lookups_per_sample:,.1f}",
         f"hardware {hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} {hw.device.model} = world size {s.world_size}"
         f" ({hw.backend.value})",
-        f"  memory per device: {_gib(s.hbm_bytes_per_device)} HBM at {hw.device.hbm_bandwidth_gbs:,.0f} GB/s;"
-        f" per node: {_gib(s.host_bytes_per_node)} host DDR",
-        f"  memory in total: {_gib(s.hbm_bytes_total)} HBM, {_gib(s.host_bytes_total)} host DDR",
+        f"  memory per device: {fmt_bytes(s.hbm_bytes_per_device)} HBM at {hw.device.hbm_bandwidth_gbs:,.0f} GB/s;"
+        f" per node: {fmt_bytes(s.host_bytes_per_node)} host DDR",
+        f"  memory in total: {fmt_bytes(s.hbm_bytes_total)} HBM, {fmt_bytes(s.host_bytes_total)} host DDR",
         f"  bandwidth per device: intra-node {hw.intra_node_bandwidth_gbs:,.0f} GB/s,"
         f" inter-node {hw.inter_node_bandwidth_gbs:,.0f} GB/s",
         f"could fit: all in HBM at fp32 {_yes(s.fits_hbm_fp32)}; all in HBM at fp16 {_yes(s.fits_hbm_fp16)};"

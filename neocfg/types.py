@@ -10,6 +10,7 @@ from enum import Enum
 
 class Mode(Enum):
     describe = "describe"
+    plan = "plan"
     train = "train"
 
 
@@ -89,3 +90,20 @@ class PlannerAlgorithm(Enum):
 class OnBadSplit(Enum):
     fail = "fail"
     skip = "skip"
+
+
+class SweepMetric(Enum):
+    """Columns of the sweep summary: planner estimates (plan.json) and training measurements (metrics.json)."""
+
+    step_ms = "step_ms"
+    samples_per_s = "samples_per_s"
+    max_hbm_pct = "max_hbm_pct"
+    objective_ms = "objective_ms"
+    lower_bound_ms = "lower_bound_ms"
+    gap = "gap"
+    solver_s = "solver_s"
+    dpp_workers = "dpp_workers"
+    measured_step_ms = "measured_step_ms"
+    measured_samples_per_s = "measured_samples_per_s"
+    final_loss = "final_loss"
+    eval_auc = "eval_auc"

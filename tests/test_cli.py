@@ -19,7 +19,7 @@ def test_describe_dcnv2_on_zionex_16node(cli):
     out = r.stdout
     assert "26 tables" in out and "204,184,588 rows" in out
     assert "world size 128" in out
-    assert "5,120.00 GiB HBM" in out  # 128 x 40 GiB
+    assert "5.00 TiB HBM" in out  # 128 x 40 GiB
     assert "all in HBM at fp32 yes" in out
 
 

@@ -16,6 +16,7 @@ from neocfg.config.dsi import DsiConfig
 from neocfg.config.hardware import HardwareConfig
 from neocfg.config.model import ModelConfig
 from neocfg.config.planner import PlannerConfig
+from neocfg.config.sweep import SweepConfig
 from neocfg.config.train import TrainConfig
 from neocfg.errors import ConfigError
 from neocfg.types import Mode
@@ -31,6 +32,7 @@ class NeocfgConfig:
     dsi: DsiConfig = MISSING
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def check(self) -> None:
         self.model.check("model")

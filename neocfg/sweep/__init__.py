@@ -1,0 +1,1 @@
+"""What-if sweeps: one summary (CSV, Markdown, PNG) across the runs of a Hydra multirun."""

@@ -1,0 +1,32 @@
+"""Hydra callback: at the end of a multirun, write sweep_summary.{csv,md,png} into the sweep directory."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from neocfg.sweep.summary import summarize, swept_keys
+from neocfg.types import SweepMetric
+
+
+class SweepSummary(Callback):
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        sweep = config.get("sweep") or {}
+        chosen = sweep.get("metric", SweepMetric.step_ms)
+        metric = chosen.value if isinstance(chosen, SweepMetric) else SweepMetric[str(chosen)].value
+        x_key = sweep.get("x")
+        rows = summarize(sweep_dir, metric, x_key)
+        keys = swept_keys(rows)
+        failed = sum(not r.fits for r in rows)
+        print(f"sweep: {len(rows)} runs ({failed} did not fit or failed) over {', '.join(keys) or 'no swept keys'};"
+              f" summary in {sweep_dir}/sweep_summary.{{csv,md,png}}")
+        if x_key and x_key not in keys:
+            print(f"neocfg: warning: sweep.x={x_key!r} is not a swept key (swept: {', '.join(keys)});"
+                  f" the plot used the first swept key", file=sys.stderr)

@@ -1,0 +1,54 @@
+"""Issue 5: multirun sweeps end with sweep_summary.{csv,md,png}; a run that fails is a row saying why."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+
+def _sweep_dir(tmp_path: Path) -> Path:
+    dirs = [p.parent for p in (tmp_path / "multirun").rglob("multirun.yaml")]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def _rows(sweep_dir: Path) -> list[dict[str, str]]:
+    with open(sweep_dir / "sweep_summary.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_describe_sweep_with_a_bad_run_is_summarized(cli, tmp_path):
+    r = cli("-m", "mode=describe", "hardware=zionex_1node", "hardware.nodes=1,0,2")
+    assert r.returncode == 0, r.stderr
+    sweep = _sweep_dir(tmp_path)
+    for name in ("sweep_summary.csv", "sweep_summary.md", "sweep_summary.png"):
+        assert (sweep / name).stat().st_size > 0
+    rows = _rows(sweep)
+    assert [row["hardware.nodes"] for row in rows] == ["1", "0", "2"]
+    assert [row["fits"] for row in rows] == ["yes", "no", "yes"]
+    assert "hardware.nodes=0 is invalid: must be > 0" in rows[1]["why"]
+    assert "hardware" not in rows[0]  # not swept: the same in every run
+    md = (sweep / "sweep_summary.md").read_text()
+    assert md.startswith("| job | hardware.nodes | fits | why |")
+
+
+def test_plan_sweep_rows_carry_plan_metrics_and_infeasible_reason(cli, tmp_path):
+    r = cli("-m", "mode=plan", "model=dlrm_tiny", "hardware=zionex_1node", "planner.algorithm=ilp,greedy",
+            "hardware.device.hbm_gib=40,0.0001", "sweep.metric=gap",
+            "dsi.trainer_ingest_gbs=1000")
+    assert r.returncode == 0, r.stderr
+    sweep = _sweep_dir(tmp_path)
+    rows = _rows(sweep)
+    assert len(rows) == 4
+    for row in rows:
+        fits = row["hardware.device.hbm_gib"] == "40"
+        assert row["fits"] == ("yes" if fits else "no"), row
+        if fits:
+            assert float(row["step_ms"]) > 0 and float(row["samples_per_s"]) > 0
+            assert 0 <= float(row["gap"]) <= 1 and float(row["lower_bound_ms"]) <= float(row["objective_ms"]) + 1e-9
+            assert int(row["dpp_workers"]) >= 1 and 0 < float(row["max_hbm_pct"]) <= 100
+        else:
+            assert "does not fit" in row["why"] and row["step_ms"] == ""
+    assert {row["planner.algorithm"] for row in rows} == {"ilp", "greedy"}
+    assert (sweep / "sweep_summary.png").stat().st_size > 0
+    assert "sweep: 4 runs (2 did not fit or failed)" in r.stdout
