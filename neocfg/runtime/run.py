@@ -15,15 +15,8 @@ from neocfg.runtime.launch import RankEnv, launch, under_torchrun
 def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
     if cfg.planner.plan_file:
         return Plan.load(Path(cfg.planner.plan_file))
-    try:
-        from neocfg.planner import make_plan
-    except ImportError:  # the planner is not in this build: fall back to a rule-built table-wise plan
-        from neocfg.runtime.plans import rule_plan
+    from neocfg.planner import make_plan
 
-        print("planner not available: training a table-wise round-robin plan")
-        hw = cfg.hardware
-        return rule_plan(cfg.model, world=hw.num_devices, devices_per_node=hw.devices_per_node,
-                         batch_size=cfg.train.batch_size)
     return make_plan(cfg)
 
 
@@ -55,6 +48,8 @@ def render(m: dict[str, Any]) -> str:
     if m.get("prediction_error") is not None:
         lines.append(f"  step time: predicted {m['predicted_step_ms']:.2f} ms, measured {m['measured_step_ms']:.2f} ms "
                      f"(prediction error {100 * m['prediction_error']:+.0f}%)")
+        lines.append("  predicted / measured ms: " + ", ".join(
+            f"{k} {p:.2f} / {q:.2f}" for k, (p, q) in m["predicted_vs_measured_ms"].items()))
     else:
         lines.append(f"  step time: measured {m['measured_step_ms']:.2f} ms (the plan has no estimate)")
     return "\n".join(lines)

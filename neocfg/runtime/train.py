@@ -236,6 +236,14 @@ class Trainer:
             "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
             "breakdown_ms": breakdown, "breakdown_ms_per_rank": per_rank,
             "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
+            # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
+            "predicted_vs_measured_ms": {
+                "embedding_compute": [max((d.compute_ms for d in self.plan.devices), default=0.0),
+                                      breakdown["emb_fwd"] + breakdown["emb_bwd"]],
+                "embedding_comm": [max((d.comm_ms for d in self.plan.devices), default=0.0),
+                                   breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]],
+                "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
+                "data": [0.0, breakdown["data_wait"]]},
             "prediction_error": ((measured_ms - predicted) / predicted) if predicted else None,
             "a2a_fwd_dtype": self.plan.a2a_fwd_dtype.value, "a2a_bwd_dtype": self.plan.a2a_bwd_dtype.value,
             "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
