@@ -35,10 +35,10 @@ BASE = ["train.batch_size=32", f"train.steps={STEPS}", "train.eval_batches=1", "
         "model.tables.7.num_embeddings=3"]
 
 
-def _cfg(opt: SparseOptimizer = SparseOptimizer.exact_rowwise_adagrad):
+def _cfg(opt: SparseOptimizer = SparseOptimizer.exact_rowwise_adagrad, overrides: tuple[str, ...] = ()):
     # SGD runs use SGD for the dense part too (the fp16 comparisons need an update linear in the gradient).
     dense = DenseOptimizer.sgd if opt is SparseOptimizer.exact_sgd else DenseOptimizer.adagrad
-    return with_train(compose_cfg(BASE), sparse_optimizer=opt, dense_optimizer=dense)
+    return with_train(compose_cfg(BASE + list(overrides)), sparse_optimizer=opt, dense_optimizer=dense)
 
 
 ROWWISE, ADAGRAD, SGD = (SparseOptimizer.exact_rowwise_adagrad, SparseOptimizer.exact_adagrad,
@@ -48,7 +48,9 @@ MIXED_2 = [S.table_wise, S.row_wise, S.data_parallel, S.column_wise, S.row_wise,
 MIXED_4 = [S.table_row_wise, S.row_wise, S.data_parallel, S.table_column_wise, S.table_wise, S.column_wise,
            S.table_row_wise, S.row_wise]
 
-# name -> (world, sparse optimizer, sharding (one type or per-table list), extra plan fields)
+DCN = ("model.interaction=dcn", "model.dcn_num_layers=2", "model.dcn_low_rank_dim=8")
+
+# name -> (world, sparse optimizer, sharding (one type or per-table list), extra plan fields[, config overrides])
 CASES = {
     "tw": (2, ROWWISE, S.table_wise, {}),
     "cw_adagrad": (2, ADAGRAD, S.column_wise, {}),
@@ -60,6 +62,7 @@ CASES = {
     "fp16_comm": (2, SGD, MIXED_2, {"a2a_fwd_dtype": CommDtype.fp16, "a2a_bwd_dtype": CommDtype.fp16}),
     "bf16_comm": (2, SGD, MIXED_2, {"a2a_fwd_dtype": CommDtype.bf16, "a2a_bwd_dtype": CommDtype.bf16}),
     "fp16_weights": (2, SGD, MIXED_2, {"weights_dtype": WeightsDtype.fp16}),
+    "mixed_dcn": (2, ROWWISE, [S.table_wise, S.row_wise, S.data_parallel, S.table_wise] * 2, {}, DCN),
     "twrw_2x2": (4, ROWWISE, S.table_row_wise, {}),
     "twcw_2x2": (4, ADAGRAD, S.table_column_wise, {}),
     "rw_4": (4, ROWWISE, S.row_wise, {}),
@@ -68,8 +71,8 @@ CASES = {
 FP16_CASES = {"fp16_comm", "bf16_comm", "fp16_weights"}
 
 
-def _plan(world, opt, sharding, extra):
-    cfg = _cfg(opt)
+def _plan(world, opt, sharding, extra, overrides=()):
+    cfg = _cfg(opt, overrides)
     if isinstance(sharding, list):
         sharding = {t.name: s for t, s in zip(cfg.model.tables, sharding)}
     return cfg, rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=BATCH, sharding=sharding, **extra)
@@ -78,15 +81,15 @@ def _plan(world, opt, sharding, extra):
 @pytest.fixture(scope="module")
 def results() -> dict[str, tuple[RunState, RunState]]:
     out: dict[str, tuple[RunState, RunState]] = {}
-    refs: dict[tuple[int, SparseOptimizer], RunState] = {}
+    refs: dict[tuple, RunState] = {}
     for world in (2, 4):
         names = [n for n, c in CASES.items() if c[0] == world]
         jobs = [_plan(*CASES[n]) for n in names]
         for n, state in zip(names, run_sharded(jobs, world)):
-            opt = CASES[n][1]
-            if (world, opt) not in refs:
-                refs[(world, opt)] = run_reference(_cfg(opt), world)
-            out[n] = (state, refs[(world, opt)])
+            opt, overrides = CASES[n][1], tuple(CASES[n][4]) if len(CASES[n]) > 4 else ()
+            if (world, opt, overrides) not in refs:
+                refs[(world, opt, overrides)] = run_reference(_cfg(opt, overrides), world)
+            out[n] = (state, refs[(world, opt, overrides)])
     return out
 
 

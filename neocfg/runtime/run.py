@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,8 +21,17 @@ def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
     return make_plan(cfg)
 
 
-def _rank_main(env: RankEnv, cfg: NeocfgConfig, plan: Plan, run_dir: Optional[Path]) -> Any:
+def _rank_main(env: RankEnv, cfg: NeocfgConfig, plan: Optional[Plan], run_dir: Optional[Path]) -> Any:
     from neocfg.runtime.train import train_rank
+
+    if plan is None:  # under torchrun every process runs the CLI: rank 0 plans, the others take its plan
+        import torch.distributed as dist
+
+        box = [load_or_make_plan(cfg).to_dict() if env.rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        plan = Plan.from_dict(box[0])
+        if env.rank == 0 and run_dir is not None:
+            plan.save(run_dir / "plan.json")
 
     result = train_rank(cfg, plan, run_dir, env.device)
     return result.metrics if env.rank == 0 else None
@@ -61,14 +71,22 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
         raise ConfigError("train.checkpoint_dir", None,
                           "train.resume=true needs the directory of the run to resume (each run has its own output "
                           "directory)")
-    plan = load_or_make_plan(cfg)
     if run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        plan.save(run_dir / "plan.json")
     world = cfg.hardware.num_devices
-    if not under_torchrun() and plan.world_size != world:
-        raise ConfigError("planner.plan_file", cfg.planner.plan_file,
-                          f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has {world}")
+    if under_torchrun():
+        plan = None
+        if int(os.environ["WORLD_SIZE"]) != world:
+            raise ConfigError("hardware", cfg.hardware.name,
+                              f"has {world} devices but torchrun started {os.environ['WORLD_SIZE']} processes")
+    else:
+        plan = load_or_make_plan(cfg)
+        if run_dir is not None:
+            plan.save(run_dir / "plan.json")
+        if plan.world_size != world:
+            raise ConfigError("planner.plan_file", cfg.planner.plan_file,
+                              f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has "
+                              f"{world}")
     results = launch(_rank_main, (cfg, plan, run_dir), world=world, backend=cfg.hardware.backend,
                      timeout_s=cfg.train.collective_timeout_s)
     metrics = results[0]
