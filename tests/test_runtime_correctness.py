@@ -1,16 +1,19 @@
 """Issue 6, the core: K steps of every sharding type on 2 (and 4) gloo ranks train the same model as one process
 with the unsharded tables, the same initialization and data, and the same fused fbgemm optimizer.
 
-Tolerances (fp32): per-step losses within LOSS_ATOL; embedding and dense weights within WEIGHT_ATOL. The only
-differences are float summation orders (partial sums of RW/TWRW shards, DDP's averaging, the 1/world gradient
-scale), ~1e-7 relative, which Adagrad's g/sqrt(sum g^2) can enlarge where a weight's accumulated gradient is tiny.
+Tolerances (fp32): per-step losses within LOSS_ATOL; embedding and dense weights within WEIGHT_ATOL (Adagrad
+family) or SGD_WEIGHT_ATOL (SGD). The only differences are float summation orders (partial sums of RW/TWRW shards,
+DDP's averaging, the 1/world gradient scale), ~1e-7 relative; Adagrad's step lr * g / sqrt(sum g^2) turns a tiny
+relative error of a tiny gradient into up to ~lr x that error of the weight (measured worst case: 1.6e-4 for
+element-wise Adagrad under CW, 6e-7 for row-wise Adagrad; SGD: 2e-10; losses: 1.2e-7).
 
 Exact row-wise Adagrad keeps one accumulator per row *per column slice* under CW/TWCW (as in TorchRec), which is a
 different optimizer from the unsharded one; CW/TWCW are therefore compared under exact Adagrad and exact SGD.
 
-fp16/bf16 communication and fp16 weights (stochastic rounding) are compared under exact SGD (dense part too), whose update is linear
-in the gradient, so rounding errors stay of their own size: losses within FP16_LOSS_ATOL, weights within
-FP16_WEIGHT_ATOL (fp16 has a 2^-11 relative step; weights are ~0.1 and move by ~lr x gradient).
+fp16/bf16 communication and fp16 weights (stochastic rounding) are compared under exact SGD (dense part too),
+whose update is linear in the gradient, so rounding errors stay of their own size: losses within FP16_LOSS_ATOL,
+weights within FP16_WEIGHT_ATOL (fp16 weights: one rounding of ~0.1-sized weights, 2^-11 relative, per update;
+measured worst case 1.6e-4; fp16/bf16 communication: ~1e-7 on weights, 6e-8 on losses).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from neocfg.types import CommDtype, DenseOptimizer, ShardingType as S, SparseOpt
 STEPS = 5
 BATCH = 32
 LOSS_ATOL = 1e-5
-WEIGHT_ATOL = 2e-4
-FP16_LOSS_ATOL = 2e-3
-FP16_WEIGHT_ATOL = 2e-3
+WEIGHT_ATOL = 1e-3
+SGD_WEIGHT_ATOL = 1e-6
+FP16_LOSS_ATOL = 1e-3
+FP16_WEIGHT_ATOL = 1e-3
 
 BASE = ["train.batch_size=32", f"train.steps={STEPS}", "train.eval_batches=1", "train.log_every=100",
         # a 3-row table: row-wise over 4 ranks leaves one rank an empty row range
@@ -100,7 +104,10 @@ def _max_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 @pytest.mark.parametrize("name", list(CASES))
 def test_sharded_equals_unsharded(results, name):
     got, ref = results[name]
-    loss_tol, w_tol = (FP16_LOSS_ATOL, FP16_WEIGHT_ATOL) if name in FP16_CASES else (LOSS_ATOL, WEIGHT_ATOL)
+    if name in FP16_CASES:
+        loss_tol, w_tol = FP16_LOSS_ATOL, FP16_WEIGHT_ATOL
+    else:
+        loss_tol, w_tol = LOSS_ATOL, SGD_WEIGHT_ATOL if CASES[name][1] is SGD else WEIGHT_ATOL
     assert len(got.losses) == len(ref.losses) == STEPS
     assert max(abs(a - b) for a, b in zip(got.losses, ref.losses)) <= loss_tol, (got.losses, ref.losses)
     assert all(not torch.isnan(t).any() for t in got.tables), "a shard is missing from the assembled tables"
