@@ -54,16 +54,18 @@ def _final_state(root: Path) -> dict[int, dict]:
     return {r: torch.load(step / f"rank_{r}.pt", weights_only=False) for r in range(2)}
 
 
-def test_killed_rank_resume_equals_uninterrupted(cli, tmp_path):
+@pytest.mark.parametrize("fault", [f"1:{KILL_AT}", f"1:{2 * EVERY}:save"], ids=["mid_run", "mid_checkpoint"])
+def test_killed_rank_resume_equals_uninterrupted(cli, tmp_path, fault):
     plan = _plan_file(tmp_path, MIXED)
     a, b = tmp_path / "ckpt_a", tmp_path / "ckpt_b"
     args = [*COMMON, f"planner.plan_file={plan}", f"train.checkpoint_every={EVERY}"]
     r = cli(*args, f"train.checkpoint_dir={a}")
     assert r.returncode == 0, r.stderr
 
-    r = cli(*args, f"train.checkpoint_dir={b}", env={FAULT_ENV: f"1:{KILL_AT}"}, timeout=300)
+    r = cli(*args, f"train.checkpoint_dir={b}", env={FAULT_ENV: fault}, timeout=300)
     assert r.returncode != 0
     assert "rank 1 was killed by SIGKILL" in r.stderr, r.stderr
+    # the last complete checkpoint survives (a half-written one is never pointed at)
     assert (b / "latest").read_text().strip() == f"step_{EVERY:08d}"
 
     r = cli(*args, f"train.checkpoint_dir={b}", "train.resume=true")

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -58,6 +59,7 @@ class Checkpointer:
     rank: int
     world: int
     group: Any = None
+    fault_in_save: Optional[int] = None
 
     def _barrier(self) -> None:
         if dist.is_initialized():
@@ -76,6 +78,8 @@ class Checkpointer:
         part = tmp / f"rank_{self.rank}.pt"
         torch.save(rank_state, part.with_name(part.name + ".tmp"))
         os.replace(part.with_name(part.name + ".tmp"), part)
+        if self.fault_in_save == step:  # fault injection (tests): die with the checkpoint half written
+            os.kill(os.getpid(), signal.SIGKILL)
         self._barrier()
         if self.rank == 0:
             meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "step": step, "world_size": self.world,
@@ -98,16 +102,25 @@ class Checkpointer:
         path = self.root / pointer.read_text().strip()
         return path if (path / "meta.json").exists() else None
 
-    def load(self, plan: Plan) -> Optional[tuple[int, dict[str, Any]]]:
-        """(step, this rank's state) of the latest checkpoint, None if there is none; refuses another plan's."""
+    def check(self, plan: Plan) -> Optional[Path]:
+        """The latest checkpoint (None if there is none); refuses one written for another plan."""
         path = self.latest()
         if path is None:
             return None
         meta = json.loads((path / "meta.json").read_text())
         if meta.get("world_size") != plan.world_size or meta.get("placement") != _placement(plan):
+            what = (f"world size {meta.get('world_size')}, this run {plan.world_size}"
+                    if meta.get("world_size") != plan.world_size else "another table placement")
             raise CheckpointError(
-                f"checkpoint {path} was written for a different plan (world size {meta.get('world_size')} vs "
-                f"{plan.world_size}, or another placement); resume with its plan "
+                f"checkpoint {path} was written for a different plan ({what}); resume with its plan "
                 f"(planner.plan_file={self.root / 'plan.json'}) or start fresh (train.resume=false)")
+        return path
+
+    def load(self, plan: Plan) -> Optional[tuple[int, dict[str, Any]]]:
+        """(step, this rank's state) of the latest checkpoint, None if there is none; refuses another plan's."""
+        path = self.check(plan)
+        if path is None:
+            return None
+        meta = json.loads((path / "meta.json").read_text())
         state = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=False)
         return int(meta["step"]), state

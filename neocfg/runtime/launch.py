@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import logging
 import os
 import signal
 import socket
@@ -104,6 +105,8 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
             return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
         finally:
             dist.destroy_process_group()
+    # torch logs "Terminating process ..." for the survivors of a failed rank; we report the failure in one line.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     procs = mp.start_processes(_worker, args=(world, free_port(), backend, timeout_s, fn, args, results),

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan
+from neocfg.runtime.checkpoint import Checkpointer
 from neocfg.runtime.launch import RankEnv, launch, under_torchrun
 
 
@@ -87,6 +88,8 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
             raise ConfigError("planner.plan_file", cfg.planner.plan_file,
                               f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has "
                               f"{world}")
+        if cfg.train.resume:  # refuse another plan's checkpoint before starting any rank
+            Checkpointer(Path(cfg.train.checkpoint_dir), 0, world).check(plan)
     results = launch(_rank_main, (cfg, plan, run_dir), world=world, backend=cfg.hardware.backend,
                      timeout_s=cfg.train.collective_timeout_s)
     metrics = results[0]

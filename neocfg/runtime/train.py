@@ -31,7 +31,8 @@ from neocfg.runtime.metrics import evaluate
 
 # Steps left out of the timing averages (first-touch allocation, thread pools warming up).
 WARMUP_STEPS = 2
-# Fault injection for the resume tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update.
+# Fault injection for the resume tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update,
+# "<rank>:<step>:save" while writing that step's checkpoint (after its own file, before the checkpoint is complete).
 FAULT_ENV = "NEOCFG_FAULT_KILL"
 
 
@@ -44,12 +45,11 @@ class RankResult:
     metrics: Optional[dict[str, Any]] = None
 
 
-def _fault_step(rank: int) -> Optional[int]:
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec:
+def _fault_step(rank: int, in_save: bool = False) -> Optional[int]:
+    spec = os.environ.get(FAULT_ENV, "").split(":")
+    if len(spec) < 2 or int(spec[0]) != rank or (len(spec) > 2 and spec[2] == "save") != in_save:
         return None
-    r, s = spec.split(":")
-    return int(s) if int(r) == rank else None
+    return int(spec[1])
 
 
 class Trainer:
@@ -76,7 +76,8 @@ class Trainer:
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
-        self.ckpt = Checkpointer(ckpt_root, self.rank, self.world, group) if ckpt_root else None
+        self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, in_save=True))
+                     if ckpt_root else None)
 
     # ------------------------------------------------------------ checkpoint state
 
