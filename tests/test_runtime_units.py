@@ -49,7 +49,9 @@ def test_layout_kinds():
     plan = rule_plan(cfg.model, world=4, devices_per_node=2, batch_size=8, sharding=mix)
     lay = build_layout(plan, cfg.model, 0)
     assert lay.kinds[:5] == [OutputKind.all_to_all, OutputKind.all_to_all, OutputKind.reduce_scatter,
-                             OutputKind.all_to_all, OutputKind.replicated]
+                             OutputKind.hierarchical, OutputKind.replicated]
+    assert lay.table_node == {3: 1}  # rule plans put TWRW table i on node i mod nodes
+    assert lay.hierarchical_widths() == [0, 16]
     # every rank holds one RW row range and a DP replica
     for r in lay.ranks:
         tables = [s.table for s in r.features]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -167,6 +168,24 @@ def exchange_ids(layout: Layout, comm: Comm, batch: Batch) -> LocalLookups:
 
 
 @dataclass
+class NodeComms:
+    """Groups of the two-level (hierarchical) exchange: this rank's node, and the ranks of its local index."""
+
+    node: Comm
+    cross: Comm
+
+    @staticmethod
+    def build(world: int, rank: int, devices_per_node: int) -> "NodeComms":
+        """Collective: every rank creates every group, in the same order."""
+        per, nodes = devices_per_node, world // devices_per_node
+        backend = dist.get_backend()
+        node_groups = [dist.new_group(list(range(n * per, (n + 1) * per)), backend=backend) for n in range(nodes)]
+        cross_groups = [dist.new_group([m * per + j for m in range(nodes)], backend=backend) for j in range(per)]
+        return NodeComms(node=Comm(node_groups[rank // per], rank % per, per),
+                         cross=Comm(cross_groups[rank % per], rank // per, nodes))
+
+
+@dataclass
 class ExchangePlan:
     """Static description of the output exchange for this rank (built once from the layout)."""
 
@@ -177,6 +196,9 @@ class ExchangePlan:
     a2a_target: torch.Tensor        # output columns of the received all_to_all pieces (source-major)
     rs_target: torch.Tensor
     dp_target: torch.Tensor
+    hier_target: torch.Tensor
+    hier_widths: list[int]          # hierarchical columns of each node
+    node_comms: Optional[NodeComms]
     fwd_dtype: torch.dtype
     bwd_dtype: torch.dtype
     grad_scale: float               # 1/world: the global loss is the mean over the global batch
@@ -185,22 +207,26 @@ class ExchangePlan:
     @staticmethod
     def build(layout: Layout, comm: Comm, batch_size: int, fwd: CommDtype, bwd: CommDtype,
               stopwatch: Stopwatch) -> "ExchangePlan":
+        hier = layout.target_columns(OutputKind.hierarchical)
+        node_comms = NodeComms.build(comm.world, comm.rank, layout.devices_per_node) if hier.numel() else None
         return ExchangePlan(
             comm=comm, batch_size=batch_size, total_dim=layout.total_dim,
             a2a_widths=[r.width(OutputKind.all_to_all) for r in layout.ranks],
             a2a_target=layout.target_columns(OutputKind.all_to_all),
             rs_target=layout.target_columns(OutputKind.reduce_scatter),
             dp_target=layout.target_columns(OutputKind.replicated),
+            hier_target=hier, hier_widths=layout.hierarchical_widths(), node_comms=node_comms,
             fwd_dtype=TORCH_DTYPES[fwd], bwd_dtype=TORCH_DTYPES[bwd], grad_scale=1.0 / comm.world,
             stopwatch=stopwatch)
 
 
 class EmbeddingExchange(torch.autograd.Function):
-    """(a2a_part [W,B,A], rs_part [W,B,R], dp_part [W,B,P]) on the owners -> pooled [B, sum dims] on the sources."""
+    """(a2a_part [W,B,A], rs_part [W,B,R], dp_part [W,B,P], hier_part [W,B,H]) on the owners -> pooled
+    [B, sum dims] on the sources."""
 
     @staticmethod
     def forward(ctx, xp: ExchangePlan, a2a_part: torch.Tensor, rs_part: torch.Tensor,
-                dp_part: torch.Tensor) -> torch.Tensor:
+                dp_part: torch.Tensor, hier_part: torch.Tensor) -> torch.Tensor:
         ctx.xp = xp
         comm, b = xp.comm, xp.batch_size
         with xp.stopwatch("comm_fwd"):
@@ -216,6 +242,8 @@ class EmbeddingExchange(torch.autograd.Function):
                 out.index_add_(1, xp.rs_target, summed.view(b, -1))
             if xp.dp_target.numel():
                 out.index_add_(1, xp.dp_target, dp_part[comm.rank])
+            if xp.hier_target.numel():
+                out.index_add_(1, xp.hier_target, _hier_forward(xp, hier_part.to(xp.fwd_dtype)).to(out.dtype))
         return out
 
     @staticmethod
@@ -223,7 +251,7 @@ class EmbeddingExchange(torch.autograd.Function):
         xp: ExchangePlan = ctx.xp
         comm, b = xp.comm, xp.batch_size
         g = grad_out * xp.grad_scale
-        grads = [None, None, None, None]
+        grads = [None, None, None, None, None]
         with xp.stopwatch("comm_bwd"):
             if xp.a2a_target.numel():
                 send = g.index_select(1, xp.a2a_target)               # [B, sum_s A_s], source-major pieces
@@ -238,4 +266,36 @@ class EmbeddingExchange(torch.autograd.Function):
             if xp.dp_target.numel():
                 piece = g.index_select(1, xp.dp_target).to(xp.bwd_dtype)
                 grads[3] = comm.all_gather(piece).to(g.dtype)
+            if xp.hier_target.numel():
+                piece = g.index_select(1, xp.hier_target).to(xp.bwd_dtype)
+                grads[4] = _hier_backward(xp, piece)
+                grads[4] = grads[4].to(g.dtype) if grads[4] is not None else None
         return tuple(grads)
+
+
+def _hier_forward(xp: ExchangePlan, part: torch.Tensor) -> torch.Tensor:
+    """[W, B, C] partial sums of this node's TWRW tables -> [B, sum over nodes of C] for this rank's samples."""
+    nc, b = xp.node_comms, xp.batch_size
+    nodes, per = nc.cross.world, nc.node.world
+    width = xp.hier_widths[nc.cross.rank]
+    if width:  # sum over the node's owners; local rank j keeps the samples of the sources with local index j
+        by_dest = part.view(nodes, per, b, width).transpose(0, 1).reshape(per, -1)
+        mine = nc.node.reduce_scatter(by_dest)                                  # [nodes * B * C]
+    else:
+        mine = part.new_zeros(0)
+    recv = nc.cross.all_to_all(mine, [b * w for w in xp.hier_widths], [b * width] * nodes)
+    pieces = [p.view(b, w) for p, w in zip(recv.split([b * w for w in xp.hier_widths]), xp.hier_widths)]
+    return torch.cat(pieces, dim=1)
+
+
+def _hier_backward(xp: ExchangePlan, grad: torch.Tensor) -> Optional[torch.Tensor]:
+    """Reverse of _hier_forward: [B, sum C] gradients -> [W, B, C] for this node's owners."""
+    nc, b = xp.node_comms, xp.batch_size
+    nodes, per = nc.cross.world, nc.node.world
+    width = xp.hier_widths[nc.cross.rank]
+    send = torch.cat([p.reshape(-1) for p in grad.split(xp.hier_widths, dim=1)])
+    recv = nc.cross.all_to_all(send, [b * width] * nodes, [b * w for w in xp.hier_widths])
+    if not width:
+        return None
+    full = nc.node.all_gather(recv)                                             # [per, nodes * B * C]
+    return full.view(per, nodes, b, width).transpose(0, 1).reshape(nodes * per, b, width)

@@ -99,7 +99,7 @@ class ShardedEmbeddings(nn.Module):
             self.tbes.append(tbe)
         self.source_cols = [layout.source_columns(k).to(device) for k in OutputKind]
         self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch)
-        for name in ("a2a_target", "rs_target", "dp_target"):
+        for name in ("a2a_target", "rs_target", "dp_target", "hier_target"):
             setattr(self.xp, name, getattr(self.xp, name).to(device))
 
     def forward(self, batch: Batch) -> torch.Tensor:

@@ -9,6 +9,9 @@ How a table's pooled output returns to the rank whose samples it belongs to (Out
                   by side, row-range partial sums add up).
   reduce_scatter  row-wise tables with one row range on every rank: the partial sums are summed and scattered by one
                   reduce-scatter.
+  hierarchical    row-wise tables with one row range on every rank of one node of several (TWRW): partial sums are
+                  reduce-scattered inside the node, then sent across nodes by an all-to-all among the ranks with the
+                  same local index (Neo's and TorchRec's two-level TWRW exchange: one copy per sample crosses nodes).
   replicated      data-parallel tables: every replica looks up the global batch (the ids are all-gathered by the
                   same id exchange), keeps its own rows forward, and all-gathers the output gradients backward so
                   every replica applies the same fused update (the sparse form of a gradient all-reduce).
@@ -30,9 +33,12 @@ _ROW_SHARDED = (ShardingType.row_wise, ShardingType.table_row_wise)
 
 
 class OutputKind(Enum):
+    """The order of the members is the order of EmbeddingExchange's inputs."""
+
     all_to_all = "all_to_all"
     reduce_scatter = "reduce_scatter"
     replicated = "replicated"
+    hierarchical = "hierarchical"
 
 
 @dataclass(frozen=True, order=True)
@@ -84,6 +90,19 @@ class Layout:
     out_offsets: list[int]              # column of table t in the [B, sum(dims)] pooled output
     kinds: list[OutputKind]             # per model table
     ranks: list[RankLayout]
+    devices_per_node: int = 1
+    table_node: dict[int, int] = field(default_factory=dict)   # hierarchical tables: their node
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.devices_per_node
+
+    def hierarchical_tables(self, node: int) -> list[int]:
+        return [t for t in self.tables_of(OutputKind.hierarchical) if self.table_node[t] == node]
+
+    def hierarchical_widths(self) -> list[int]:
+        """Columns of the hierarchical tables of each node."""
+        return [sum(self.dims[t] for t in self.hierarchical_tables(n)) for n in range(self.nodes)]
 
     @property
     def me(self) -> RankLayout:
@@ -118,16 +137,25 @@ class Layout:
         if kind is OutputKind.all_to_all:
             cols = [c for r in self.ranks for s in r.features if s.kind is kind
                     for c in self._cols(s.table, s.col_offset, s.num_cols)]
+        elif kind is OutputKind.hierarchical:  # node by node, as the cross-node all-to-all delivers them
+            cols = [c for n in range(self.nodes) for t in self.hierarchical_tables(n)
+                    for c in self._cols(t, 0, self.dims[t])]
         else:
             cols = [c for t in self.tables_of(kind) for c in self._cols(t, 0, self.dims[t])]
         return torch.tensor(cols, dtype=torch.long)
 
 
-def _kind(sharding: ShardingType, shard_ranks: list[int], full_cols: bool, world: int) -> OutputKind:
+def _kind(sharding: ShardingType, shard_ranks: list[int], full_cols: bool, world: int,
+          devices_per_node: int) -> OutputKind:
     if sharding is ShardingType.data_parallel:
         return OutputKind.replicated
-    if sharding in _ROW_SHARDED and full_cols and sorted(shard_ranks) == list(range(world)):
-        return OutputKind.reduce_scatter
+    if sharding in _ROW_SHARDED and full_cols:
+        ranks = sorted(shard_ranks)
+        if ranks == list(range(world)):
+            return OutputKind.reduce_scatter
+        first = ranks[0]
+        if first % devices_per_node == 0 and ranks == list(range(first, first + devices_per_node)):
+            return OutputKind.hierarchical
     return OutputKind.all_to_all
 
 
@@ -144,6 +172,9 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
     ranks = [RankLayout() for _ in range(world)]
     grouped: list[dict[GroupKey, list[LocalShard]]] = [{} for _ in range(world)]
     kinds = []
+    table_node: dict[int, int] = {}
+    if world % plan.devices_per_node:
+        raise DataError(f"plan world size {world} is not a multiple of devices_per_node {plan.devices_per_node}")
     for t, cfg_table in enumerate(model.tables):
         tp = plan.table(cfg_table.name)
         if (tp.num_embeddings, tp.embedding_dim) != (cfg_table.num_embeddings, cfg_table.embedding_dim):
@@ -156,7 +187,9 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
         if any(not 0 <= r < world for r in shard_ranks):
             raise DataError(f"plan table {tp.name} has a shard on a rank outside world size {world}")
         full_cols = all(s.col_offset == 0 and s.num_cols == tp.embedding_dim for s in tp.shards)
-        kind = _kind(tp.sharding, shard_ranks, full_cols, world)
+        kind = _kind(tp.sharding, shard_ranks, full_cols, world, plan.devices_per_node)
+        if kind is OutputKind.hierarchical:
+            table_node[t] = shard_ranks[0] // plan.devices_per_node
         if kind is OutputKind.replicated and sorted(shard_ranks) != list(range(world)):
             raise DataError(f"plan table {tp.name} is data_parallel but has no replica on every rank")
         kinds.append(kind)
@@ -168,4 +201,6 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
         ranks[r].groups = sorted(grouped[r].items(), key=lambda kv: kv[0])
     dims = [t.embedding_dim for t in model.tables]
     offsets = [sum(dims[:t]) for t in range(len(dims))]
-    return Layout(world=world, rank=rank, dims=dims, rows=[t.num_embeddings for t in model.tables], out_offsets=offsets, kinds=kinds, ranks=ranks)
+    return Layout(world=world, rank=rank, dims=dims, rows=[t.num_embeddings for t in model.tables],
+                  out_offsets=offsets, kinds=kinds, ranks=ranks, devices_per_node=plan.devices_per_node,
+                  table_node=table_node)
