@@ -11,6 +11,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer
+from neocfg.runtime.layout import build_layout
 from neocfg.runtime.launch import RankEnv, launch, under_torchrun
 
 
@@ -88,6 +89,7 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
             raise ConfigError("planner.plan_file", cfg.planner.plan_file,
                               f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has "
                               f"{world}")
+        build_layout(plan, cfg.model, 0)  # a plan that does not fit the model fails here, before any rank starts
         if cfg.train.resume:  # refuse another plan's checkpoint before starting any rank
             Checkpointer(Path(cfg.train.checkpoint_dir), 0, world).check(plan)
     results = launch(_rank_main, (cfg, plan, run_dir), world=world, backend=cfg.hardware.backend,
