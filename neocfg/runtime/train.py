@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.source import make_source
 from neocfg.plan import Plan
@@ -43,6 +44,13 @@ class RankResult:
     rank: int
     losses: list[float] = field(default_factory=list)     # global mean loss per step (every step of the run)
     metrics: Optional[dict[str, Any]] = None
+
+
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    return Batch(*(x.to(device, non_blocking=True) for x in (batch.dense, batch.lengths, batch.values, batch.labels,
+                                                             batch.sample_ids)))
 
 
 def _fault_step(rank: int, in_save: bool = False) -> Optional[int]:
@@ -109,11 +117,11 @@ class Trainer:
         sw.times = StepTimes()
         t0 = sw.now()
         with sw("data_wait"):
-            batch = self.source.next_batch()
+            batch = to_device(self.source.next_batch(), self.device)
         pooled = self.emb(batch)
         t_dense = sw.now()
-        logits = self.ddp(batch.dense.to(self.device), pooled)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(self.device))
+        logits = self.ddp(batch.dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         self.opt.zero_grad(set_to_none=True)
         sw.grad_arrival = None
         t_bwd = sw.now()
@@ -136,13 +144,13 @@ class Trainer:
         self.ddp.eval()
         logits, labels = [], []
         for _ in range(batches):
-            batch = source.next_batch()
-            logits.append(self.ddp.module(batch.dense.to(self.device), self.emb(batch)))
-            labels.append(batch.labels.to(self.device))
+            batch = to_device(source.next_batch(), self.device)
+            logits.append(self.ddp.module(batch.dense, self.emb(batch)))
+            labels.append(batch.labels)
         self.ddp.train()
         source.close()
         local = torch.stack([torch.cat(logits), torch.cat(labels)]) if logits else torch.zeros(2, 0)
-        everyone = self.comm.all_gather(local.float())
+        everyone = self.comm.all_gather(local.float()).cpu()
         return everyone[:, 0].reshape(-1), everyone[:, 1].reshape(-1)
 
     def run(self, resume: bool, show_progress: bool = True) -> RankResult:
