@@ -46,6 +46,8 @@ class Stopwatch:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.times = StepTimes()
+        # When the pooled-output gradient reached the fused TBEs in the last backward (set by _GradArrival).
+        self.grad_arrival: Optional[float] = None
 
     def now(self) -> float:
         if self.cuda:
