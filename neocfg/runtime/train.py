@@ -246,6 +246,7 @@ class Trainer:
             "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
             "breakdown_ms": breakdown, "breakdown_ms_per_rank": per_rank,
             "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
+            "plan_batch_size_per_device": self.plan.batch_size_per_device,
             # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
             "predicted_vs_measured_ms": {
                 "embedding_compute": [max((d.compute_ms for d in self.plan.devices), default=0.0),
