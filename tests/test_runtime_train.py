@@ -102,3 +102,19 @@ def test_checkpoint_of_another_plan_is_refused(cli, tmp_path):
 def test_resume_needs_checkpoint_dir(cli):
     r = cli("mode=train", "train.resume=true")
     assert r.returncode == 2 and "train.checkpoint_dir" in r.stderr
+
+
+def test_under_torchrun(tmp_path):
+    """torchrun starts the processes; neocfg joins its group and rank 0's plan is the one trained."""
+    import subprocess
+    import sys
+
+    plan = _plan_file(tmp_path, MIXED)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neocfg",
+                        *COMMON, f"planner.plan_file={plan}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = _metrics(tmp_path)
+    assert len(metrics) == 1  # only rank 0 reports
+    m = json.loads(metrics[0].read_text())
+    assert m["world_size"] == 2 and m["steps"] == STEPS
