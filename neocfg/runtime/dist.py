@@ -110,31 +110,30 @@ def route_ids(layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor,
     """Lengths [sum_d F_d, B] and values for every destination's features, destination-major, plus the values
     count per destination. Row-sharded features keep the ids in their row range, rebased to local rows."""
     b = batch.batch_size
-    per_table = batch.lengths.sum(dim=1).tolist()
+    values_all, lengths_all = batch.values.long(), batch.lengths.long()   # fbgemm: indices and offsets alike
     starts = [0]
-    for n in per_table:
+    for n in lengths_all.sum(dim=1).tolist():
         starts.append(starts[-1] + n)
-    sample_of = [torch.repeat_interleave(torch.arange(b, device=batch.values.device), batch.lengths[t]) for t in range(batch.num_tables)]
+    sample_of: dict[int, torch.Tensor] = {}   # table -> sample index of each id (row-sharded tables only)
     lengths, values, counts = [], [], []
     for r in layout.ranks:
         count = 0
         for s in r.features:
-            ids = batch.values[starts[s.table]:starts[s.table + 1]]
-            full = s.row_offset == 0 and s.num_rows == layout.rows[s.table]
-            if full:
-                lengths.append(batch.lengths[s.table])
+            ids = values_all[starts[s.table]:starts[s.table + 1]]
+            if s.row_offset == 0 and s.num_rows == layout.rows[s.table]:
+                lengths.append(lengths_all[s.table])
                 values.append(ids)
-                count += ids.numel()
             else:
+                if s.table not in sample_of:
+                    sample_of[s.table] = torch.repeat_interleave(torch.arange(b, device=ids.device),
+                                                                 lengths_all[s.table])
                 mask = (ids >= s.row_offset) & (ids < s.row_offset + s.num_rows)
                 lengths.append(torch.bincount(sample_of[s.table][mask], minlength=b))
-                kept = ids[mask] - s.row_offset
-                values.append(kept)
-                count += kept.numel()
+                values.append(ids[mask] - s.row_offset)
+            count += values[-1].numel()
         counts.append(count)
-    empty = batch.lengths.new_zeros((0, b))
-    return (torch.stack(lengths) if lengths else empty,
-            torch.cat(values) if values else batch.values.new_zeros(0), counts)
+    return (torch.stack(lengths) if lengths else lengths_all.new_zeros((0, b)),
+            torch.cat(values) if values else values_all.new_zeros(0), counts)
 
 
 def exchange_ids(layout: Layout, comm: Comm, batch: Batch) -> LocalLookups:
