@@ -54,7 +54,8 @@ class SyntheticData:
 
     def id_score(self, table: int, ids: np.ndarray) -> np.ndarray:
         """Hidden per-id score in [-1, 1)."""
-        h = (ids.astype(np.uint64) + np.uint64(table + 1) * np.uint64(0x632BE59BD9B4E019)) * _HASH_MULT
+        salt = np.uint64(((table + 1) * 0x632BE59BD9B4E019) % (1 << 64))  # wrap in Python: numpy warns on scalars
+        h = (ids.astype(np.uint64) + salt) * _HASH_MULT
         h ^= h >> np.uint64(29)
         return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53) * 2.0 - 1.0
 
