@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import traceback
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -61,11 +60,6 @@ def _threads_per_rank(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_world)
 
 
-def _quiet() -> None:
-    # The synthetic data's id hash multiplies uint64 scalars modulo 2^64 on purpose; numpy warns about it.
-    warnings.filterwarnings("ignore", message="overflow encountered in scalar multiply", category=RuntimeWarning)
-
-
 def _to_bytes(obj: Any) -> bytes:
     """Results travel as bytes: torch's shared-memory tensor passing needs the sender alive when they are read."""
     buf = io.BytesIO()
@@ -76,7 +70,6 @@ def _to_bytes(obj: Any) -> bytes:
 def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
             fn: Callable[..., Any], args: tuple, results: Any) -> None:
     torch.set_num_threads(_threads_per_rank(world))
-    _quiet()
     try:
         dist.init_process_group(backend.value, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
@@ -99,8 +92,7 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         backend = Backend.nccl if torch.cuda.is_available() and backend is Backend.nccl else backend
-        _quiet()
-        dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
         finally:
