@@ -92,7 +92,7 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         backend = Backend.nccl if torch.cuda.is_available() and backend is Backend.nccl else backend
-            dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
         finally:
