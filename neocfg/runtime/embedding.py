@@ -12,6 +12,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 
 from neocfg.batch import Batch
 from neocfg.config.train import TrainConfig
+from neocfg.errors import DataError
 from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch, exchange_ids
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
@@ -104,6 +105,9 @@ class ShardedEmbeddings(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
+        if batch.batch_size != b:  # every rank's exchange is sized for train.batch_size samples
+            raise DataError(f"rank {self.comm.rank} got a batch of {batch.batch_size} samples; the exchange expects "
+                            f"train.batch_size={b} on every rank and step")
         with sw("comm_input"):
             lookups = exchange_ids(self.layout, self.comm, batch)
         with sw("emb_fwd"):

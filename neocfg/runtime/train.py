@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.source import make_source
+from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm, Stopwatch, StepTimes
@@ -65,7 +66,6 @@ class Trainer:
         self.cfg, self.plan, self.run_dir, self.device = cfg, plan, run_dir, device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if plan.world_size != self.world:
-            from neocfg.errors import ConfigError
             raise ConfigError("planner.plan_file", plan.world_size,
                               f"the plan is for world size {plan.world_size}, this job has {self.world} ranks")
         # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
@@ -168,13 +168,14 @@ class Trainer:
                    unit="step", dynamic_ncols=True)
         t_start = time.perf_counter()
         t_timed = None
+        ckpt_s = 0.0
         first = self.step
         while self.step < tc.steps:
             loss, times = self.train_step()
             self.step += 1
             local_losses.append(loss)
             if self.step - first == WARMUP_STEPS:
-                t_timed = time.perf_counter()
+                t_timed = time.perf_counter() - ckpt_s
             elif self.step - first > WARMUP_STEPS:
                 timed.append(times)
             if self.step % tc.log_every == 0 or self.step == tc.steps:
@@ -185,9 +186,13 @@ class Trainer:
             if kill_at is not None and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
             if self.ckpt and tc.checkpoint_every and (self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
+                t_ckpt = time.perf_counter()
                 self._save_with_losses(local_losses)
+                ckpt_s += time.perf_counter() - t_ckpt
         bar.close()
-        t_end = time.perf_counter()
+        # Step timing leaves out checkpoint writes (reported separately).
+        t_end = time.perf_counter() - ckpt_s
+        self.checkpoint_s = ckpt_s
         new_losses = self._global_losses(local_losses)
         self.losses += new_losses
         ev = evaluate(*self.predict(tc.eval_batches)) if tc.eval_batches else None
@@ -237,7 +242,7 @@ class Trainer:
             "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
             "resumed_from_step": resumed_from, "samples": self.step * tc.batch_size * world,
             "samples_per_s": (tc.batch_size * world * 1e3 / measured_ms) if measured_ms > 0 else 0.0,
-            "wall_s": t_end - t_start,
+            "wall_s": t_end - t_start + self.checkpoint_s, "checkpoint_s": self.checkpoint_s,
             "initial_loss": self.losses[0] if self.losses else None,
             "final_loss": self.losses[-1] if self.losses else None,
             "final_loss_mean_last_10": (sum(self.losses[-10:]) / len(self.losses[-10:])) if self.losses else None,
