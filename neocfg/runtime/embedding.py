@@ -127,6 +127,8 @@ class ShardedEmbeddings(nn.Module):
         """Per local shard: its place in the table, its weights and its fused-optimizer state (copies)."""
         out = []
         for (key, shards), tbe in zip(self.groups, self.tbes):
+            if self._cached(key):
+                tbe.flush()  # write the HBM cache's dirty rows back to UVM first
             weights = tbe.split_embedding_weights()
             states = tbe.split_optimizer_states()
             for i, s in enumerate(shards):
@@ -147,3 +149,9 @@ class ShardedEmbeddings(nn.Module):
             per_tbe_w[id(tbe)][i][:s.num_rows].copy_(saved["weights"])
             for dst, src in zip(per_tbe_o[id(tbe)][i] if per_tbe_o[id(tbe)] else [], saved["optimizer"]):
                 dst[:s.num_rows].copy_(src)
+        for (key, _), tbe in zip(self.groups, self.tbes):
+            if self._cached(key):
+                tbe.reset_cache_states()  # the cache held rows of the weights just replaced
+
+    def _cached(self, key: GroupKey) -> bool:
+        return self.device.type == "cuda" and key.tier is MemoryTier.uvm_caching
