@@ -9,6 +9,7 @@ with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -78,6 +79,7 @@ class Comm:
     group: object
     rank: int
     world: int
+    timeout: datetime.timedelta = datetime.timedelta(minutes=30)
 
     def all_to_all(self, send: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
         out = send.new_empty(sum(out_splits))
@@ -176,12 +178,12 @@ class NodeComms:
     cross: Comm
 
     @staticmethod
-    def build(world: int, rank: int, devices_per_node: int) -> "NodeComms":
+    def build(world: int, rank: int, devices_per_node: int, timeout: datetime.timedelta) -> "NodeComms":
         """Collective: every rank creates every group, in the same order."""
         per, nodes = devices_per_node, world // devices_per_node
-        backend = dist.get_backend()
-        node_groups = [dist.new_group(list(range(n * per, (n + 1) * per)), backend=backend) for n in range(nodes)]
-        cross_groups = [dist.new_group([m * per + j for m in range(nodes)], backend=backend) for j in range(per)]
+        kw = {"backend": dist.get_backend(), "timeout": timeout}
+        node_groups = [dist.new_group(list(range(n * per, (n + 1) * per)), **kw) for n in range(nodes)]
+        cross_groups = [dist.new_group([m * per + j for m in range(nodes)], **kw) for j in range(per)]
         return NodeComms(node=Comm(node_groups[rank // per], rank % per, per),
                          cross=Comm(cross_groups[rank % per], rank // per, nodes))
 
@@ -209,7 +211,8 @@ class ExchangePlan:
     def build(layout: Layout, comm: Comm, batch_size: int, fwd: CommDtype, bwd: CommDtype,
               stopwatch: Stopwatch) -> "ExchangePlan":
         hier = layout.target_columns(OutputKind.hierarchical)
-        node_comms = NodeComms.build(comm.world, comm.rank, layout.devices_per_node) if hier.numel() else None
+        node_comms = (NodeComms.build(comm.world, comm.rank, layout.devices_per_node, comm.timeout)
+                      if hier.numel() else None)
         return ExchangePlan(
             comm=comm, batch_size=batch_size, total_dim=layout.total_dim,
             a2a_widths=[r.width(OutputKind.all_to_all) for r in layout.ranks],

@@ -7,6 +7,7 @@ as one process training the unsharded model on the global batch.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import time
@@ -70,8 +71,9 @@ class Trainer:
                               f"the plan is for world size {plan.world_size}, this job has {self.world} ranks")
         # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
         # default group; sharing it could interleave them differently on different ranks).
-        group = dist.new_group(backend=dist.get_backend())
-        self.comm = Comm(group=group, rank=self.rank, world=self.world)
+        timeout = datetime.timedelta(seconds=cfg.train.collective_timeout_s)
+        group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        self.comm = Comm(group=group, rank=self.rank, world=self.world, timeout=timeout)
         self.sw = Stopwatch(device)
         tc = cfg.train
         self.layout = build_layout(plan, cfg.model, self.rank)
