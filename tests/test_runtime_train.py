@@ -104,6 +104,16 @@ def test_checkpoint_of_another_plan_is_refused(cli, tmp_path):
     assert len(err) == 1 and "different plan" in err[0] and "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_rank_that_stops_responding_fails_the_job(cli, tmp_path):
+    plan = _plan_file(tmp_path, MIXED)
+    r = cli(*COMMON, f"planner.plan_file={plan}", "train.collective_timeout_s=5", env={FAULT_ENV: "1:3:hang"},
+            timeout=120)
+    assert r.returncode == 6, r.stderr
+    err = [line for line in r.stderr.splitlines() if "error" in line or "Traceback" in line]
+    assert len(err) == 1 and err[0].startswith("neocfg: error: rank 0: a collective failed (Timed out")
+    assert "stopped responding" in err[0]
+
+
 def test_resume_needs_checkpoint_dir(cli):
     r = cli("mode=train", "train.resume=true")
     assert r.returncode == 2 and "train.checkpoint_dir" in r.stderr

@@ -34,8 +34,9 @@ from neocfg.runtime.metrics import evaluate
 
 # Steps left out of the timing averages (first-touch allocation, thread pools warming up).
 WARMUP_STEPS = 2
-# Fault injection for the resume tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update,
-# "<rank>:<step>:save" while writing that step's checkpoint (after its own file, before the checkpoint is complete).
+# Fault injection for the tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update,
+# "<rank>:<step>:save" while writing that step's checkpoint (after its own file, before the checkpoint is complete),
+# "<rank>:<step>:hang" stop responding (sleep) after that step.
 FAULT_ENV = "NEOCFG_FAULT_KILL"
 
 
@@ -55,9 +56,9 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
                                                              batch.sample_ids)))
 
 
-def _fault_step(rank: int, in_save: bool = False) -> Optional[int]:
+def _fault_step(rank: int, kind: str = "kill") -> Optional[int]:
     spec = os.environ.get(FAULT_ENV, "").split(":")
-    if len(spec) < 2 or int(spec[0]) != rank or (len(spec) > 2 and spec[2] == "save") != in_save:
+    if len(spec) < 2 or int(spec[0]) != rank or (spec[2] if len(spec) > 2 else "kill") != kind:
         return None
     return int(spec[1])
 
@@ -86,7 +87,7 @@ class Trainer:
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
-        self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, in_save=True))
+        self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, "save"))
                      if ckpt_root else None)
 
     # ------------------------------------------------------------ checkpoint state
@@ -163,7 +164,7 @@ class Trainer:
         resumed_from = self.step if (resume and self.restore()) else None
         if resume and resumed_from is None and self.rank == 0:
             print(f"train.resume=true but no checkpoint in {self.ckpt.root if self.ckpt else '-'}; starting fresh")
-        kill_at = _fault_step(self.rank)
+        kill_at, hang_at = _fault_step(self.rank), _fault_step(self.rank, "hang")
         local_losses, timed = [], []
         global_batch = tc.batch_size * self.world
         bar = tqdm(total=tc.steps, initial=self.step, disable=not (show_progress and self.rank == 0),
@@ -187,6 +188,8 @@ class Trainer:
             bar.update(1)
             if kill_at is not None and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if hang_at is not None and self.step == hang_at:
+                time.sleep(1e6)
             if self.ckpt and tc.checkpoint_every and (self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
                 t_ckpt = time.perf_counter()
                 self._save_with_losses(local_losses)
