@@ -17,10 +17,11 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -73,6 +74,10 @@ def _report(results: str, rank: int, kind: str, payload: Any) -> None:
 def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
             fn: Callable[..., Any], args: tuple, results: str) -> None:
     torch.set_num_threads(_threads_per_rank(world))
+    # tqdm's default lock is a multiprocessing semaphore, which a killed rank would leak (and Python warn about).
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
     try:
         dist.init_process_group(backend.value, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
@@ -106,6 +111,35 @@ def _collective_failure(exc: BaseException) -> bool:
         isinstance(exc, RuntimeError) and any(m in str(exc) for m in _GLOO_PEER_FAILURES))
 
 
+# Seconds the survivors of a failed rank get to exit after SIGTERM before SIGKILL.
+TERMINATE_GRACE_S = 5.0
+
+
+def _supervise(procs: list) -> tuple[Optional[int], set[int]]:
+    """Wait for every rank; when one exits non-zero, stop the others. Returns the first failed rank (if any) and
+    the ranks the launcher stopped."""
+    from multiprocessing.connection import wait
+
+    pending, stopped = list(procs), set()
+    while pending:
+        wait([p.sentinel for p in pending])
+        for p in list(pending):
+            if p.exitcode is None:
+                continue
+            pending.remove(p)
+            if p.exitcode != 0:
+                for q in pending:
+                    q.terminate()
+                    stopped.add(procs.index(q))
+                for q in pending:
+                    q.join(TERMINATE_GRACE_S)
+                    if q.exitcode is None:
+                        q.kill()
+                        q.join()
+                return procs.index(p), stopped
+    return None, stopped
+
+
 def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend, timeout_s: float) -> list[Any]:
     """Run fn(RankEnv, *args) on every rank; return the ranks' results in rank order (only this rank's under
     torchrun)."""
@@ -118,25 +152,22 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
             return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
         finally:
             dist.destroy_process_group()
-    # torch logs "Terminating process ..." for the survivors of a failed rank; we report the failure in one line.
-    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="neocfg-ranks-") as results:
-        procs = mp.start_processes(_worker, args=(world, free_port(), backend, timeout_s, fn, args, results),
-                                   nprocs=world, join=False, start_method="spawn")
-        failure = None
-        try:
-            while not procs.join(timeout=0.5):
-                pass
-        except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
-            failure = exc
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world, port, backend, timeout_s, fn, args, results),
+                             name=f"neocfg-rank-{r}") for r in range(world)]
+        for p in procs:
+            p.start()
+        failure, stopped = _supervise(procs)
         reports = [torch.load(p, weights_only=False) for p in sorted(Path(results).glob("rank_*.pt"))]
     if failure is not None or any(kind != "ok" for _, kind, _ in reports):
         sys.stderr.write("\n")  # end rank 0's progress bar line: the error gets a line of its own
-    # A rank killed by a signal (other than the SIGTERM the launcher sends to the survivors) is the root cause; the
-    # survivors' errors (a collective that lost its peer) are consequences.
-    for i, p in enumerate(procs.processes):
+    # A rank killed by a signal from outside is the root cause; the survivors' errors (a collective that lost its
+    # peer) are consequences, and the ranks the launcher stopped say nothing.
+    for i, p in enumerate(procs):
         code = p.exitcode
-        if code is not None and code < 0 and -code != signal.SIGTERM:
+        if i not in stopped and code is not None and code < 0:
             raise RankFailedError(f"rank {i} was killed by {signal.Signals(-code).name}; the other ranks were stopped")
     for rank, kind, payload in sorted(reports, key=lambda r: r[0]):
         if kind == "error":
@@ -148,7 +179,6 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         if kind == "crash":
             raise RuntimeError(f"rank {rank} failed:\n{payload}")
     if failure is not None:
-        raise RankFailedError(f"rank {failure.error_index} exited with code {failure.exit_code}; "
-                              f"the other ranks were stopped")
+        raise RankFailedError(f"rank {failure} exited with code {procs[failure].exitcode}; the other ranks were stopped")
     by_rank = {rank: payload for rank, kind, payload in reports if kind == "ok"}
     return [by_rank.get(r) for r in range(world)]
