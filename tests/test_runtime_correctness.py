@@ -57,6 +57,8 @@ DCN = ("model.interaction=dcn", "model.dcn_num_layers=2", "model.dcn_low_rank_di
 # name -> (world, sparse optimizer, sharding (one type or per-table list), extra plan fields[, config overrides])
 CASES = {
     "tw": (2, ROWWISE, S.table_wise, {}),
+    # every table on rank 0: rank 1 holds nothing and still takes part in every collective
+    "tw_one_rank_empty": (2, ROWWISE, S.table_wise, {"ranks": {f"t{i}": [0] for i in range(8)}}),
     "cw_adagrad": (2, ADAGRAD, S.column_wise, {}),
     "cw_sgd": (2, SGD, S.column_wise, {}),
     "rw": (2, ROWWISE, S.row_wise, {}),
