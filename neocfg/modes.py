@@ -15,8 +15,15 @@ def _describe(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     return run(cfg, run_dir)
 
 
+def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:
+    from neocfg.data.parquet_gen import run
+
+    return run(cfg, run_dir)
+
+
 MODES: dict[Mode, Callable[[NeocfgConfig, Path | None], object]] = {
     Mode.describe: _describe,
+    Mode.gen_data: _gen_data,
 }
 
 

@@ -1,0 +1,37 @@
+"""A DPP service: one backend and its clients, with the position to checkpoint and resume from."""
+
+from __future__ import annotations
+
+from neocfg.data.dpp.backend import DppBackend, DppStats, ServiceSetup, make_backend
+from neocfg.data.dpp.client import DppClient
+from neocfg.data.dpp.progress import Position, Tracker
+from neocfg.types import DppBackendKind
+
+
+class DppService:
+    def __init__(self, setup: ServiceSetup, kind: DppBackendKind = DppBackendKind.local) -> None:
+        self.setup = setup
+        self.backend: DppBackend = make_backend(kind, setup)
+        n = len(setup.splits)
+        self.clients = [DppClient(self.backend, i, setup.spec.batch_size, Tracker(n, setup.start),
+                                  setup.limits.stall_timeout_s) for i in range(setup.num_clients)]
+
+    def start(self) -> "DppService":
+        self.backend.start()
+        return self
+
+    def position(self) -> Position:
+        """What all clients delivered: the point a new service (ServiceSetup.start) continues from."""
+        return Position.merge([c.position() for c in self.clients], len(self.setup.splits))
+
+    def stats(self) -> DppStats:
+        return self.backend.stats()
+
+    def close(self) -> None:
+        self.backend.close()
+
+    def __enter__(self) -> "DppService":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
