@@ -42,6 +42,8 @@ class WorkerSpec:
     batch_size: int
     # Read only the model's columns (the DPP default); False reads every column (the benchmark's baseline).
     project: bool = True
+    # Simulated extra preprocessing time per split, seconds (benchmarks and fault tests; 0 in real runs).
+    extra_split_s: float = 0.0
 
 
 @dataclass
@@ -131,6 +133,8 @@ class SplitReader:
             raise DataError(f"{split.label}: has {table.num_rows} rows, the manifest says {split.rows}")
         rows = apply(from_arrow(table, self.spec.columns, split.label), list(self.spec.transforms))
         arrays = to_batch_arrays(rows, self.spec.columns, split.label)
+        if self.spec.extra_split_s:
+            time.sleep(self.spec.extra_split_s)
         pieces = []
         for a, b in task.keep or ((0, arrays.rows),):
             kept = arrays.slice(a, b)
