@@ -58,6 +58,13 @@ class WorkerDeath:
     reason: str
 
 
+def _exit_reason(w: _Worker) -> str:
+    """Its pipe or sentinel closes as the process exits, a moment before it can be reaped."""
+    w.proc.join(timeout=0.5)
+    code = w.proc.exitcode
+    return "pipe closed" if code is None else f"exit code {code}"
+
+
 class LocalDppService(ServiceCore):
     def __init__(self, setup: ServiceSetup) -> None:
         super().__init__(setup)
@@ -170,7 +177,7 @@ class LocalDppService(ServiceCore):
             w = by_sentinel.get(obj)  # type: ignore[call-overload]
             if w is not None and w.wid in self.workers:
                 self._drain(w)
-                self._gone(w, f"exit code {w.proc.exitcode}")
+                self._gone(w, _exit_reason(w))
         self._kill_overdue()
         self._autoscale()
         self._assign()
@@ -179,8 +186,7 @@ class LocalDppService(ServiceCore):
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
-            w.proc.join(timeout=0.5)
-            self._gone(w, "pipe closed")
+            self._gone(w, _exit_reason(w))
             return
         kind = msg[0]
         if kind == "ready":

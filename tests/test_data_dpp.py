@@ -1,0 +1,269 @@
+"""Issue 4: the DPP service. Projection, exactly-once delivery (2 workers x 2 clients, and with a worker SIGKILLed
+mid-epoch), resume from a checkpointed position, bad files, and nothing hanging when a worker or the master dies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from neocfg.config.model import TableConfig
+from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits
+from neocfg.data.dpp.client import EndOfData
+from neocfg.data.dpp.progress import Position, Task
+from neocfg.data.dpp.service import DppService
+from neocfg.data.dpp.worker import SplitReader, WorkerSpec
+from neocfg.data.source import make_source
+from neocfg.data.transforms import bind
+from neocfg.errors import DataError
+from neocfg.types import DppBackendKind, OnBadSplit
+from tests.data_helpers import drain, labeled_ids, make_dataset, setup_for, small_cfg
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dpp") / "ds"
+    return make_dataset(path)
+
+
+def test_projection_reads_only_the_model_columns(dataset):
+    directory = Path(dataset.dsi.path)
+    cols = FeatureColumns.for_model(dataset.model)
+    split = dataset_splits(directory, Manifest.load(directory), eval=False)[0]
+    spec = WorkerSpec(columns=cols, transforms=tuple(bind(dataset.dsi.transforms, cols)), batch_size=128)
+    projected = SplitReader(spec)
+    table, proj_bytes = projected.read(split)
+    assert sorted(table.column_names) == sorted(cols.projected)
+    assert not [c for c in table.column_names if c.startswith("extra_")]
+    full = SplitReader(WorkerSpec(columns=cols, transforms=spec.transforms, batch_size=128, project=False))
+    table_all, all_bytes = full.read(split)
+    assert len(table_all.column_names) == len(cols.projected) + 8
+    # The extra columns are most of the bytes: projection reads well under half of them.
+    assert proj_bytes < 0.5 * all_bytes
+    # And what was read matches the projected column chunks in the file's metadata (plus nothing else big).
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(split.path).metadata.row_group(split.row_group)
+    chunks = sum(meta.column(i).total_compressed_size for i in range(meta.num_columns)
+                 if meta.column(i).path_in_schema.split(".")[0] in cols.projected)
+    assert chunks <= proj_bytes < chunks + 64 * 1024
+
+
+def test_exactly_once_two_workers_two_clients(dataset):
+    with DppService(setup_for(dataset, workers=2, num_clients=2)) as svc:
+        batches = drain(svc.clients)
+        stats = svc.stats()
+    ids = np.concatenate(batches)
+    assert len(ids) == len(set(ids.tolist()))
+    assert set(ids.tolist()) == labeled_ids(Path(dataset.dsi.path))
+    sizes = [len(b) for b in batches]
+    assert sizes.count(128) == len(sizes) - sum(s != 128 for s in sizes) and sum(s != 128 for s in sizes) <= 2
+    assert stats.workers == 2 and stats.worker_restarts == 0 and stats.splits_done == 12
+    assert all(c.tracker.duplicates == 0 for c in svc.clients)
+    assert svc.clients[0].delivered > 0 and svc.clients[1].delivered > 0  # both trainers were fed
+
+
+def test_sigkill_worker_mid_epoch_still_exactly_once_and_noticed_fast(dataset):
+    setup = setup_for(dataset, workers=2, num_clients=2, extra_split_s=0.25, limits={"prefetch_splits": 1})
+    with DppService(setup) as svc:
+        first = [c.next_arrays().sample_ids for c in svc.clients]
+        backend = svc.backend
+        deadline = time.monotonic() + 10
+        while not backend.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
+        wid, task = next(iter(backend.in_flight.items()))
+        victim = backend.workers[wid].proc.pid
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        rest = drain(svc.clients)
+        stats = svc.stats()
+        deaths = list(backend.deaths)
+    ids = np.concatenate(first + rest)
+    assert len(ids) == len(set(ids.tolist())), "a sample was delivered twice"
+    assert set(ids.tolist()) == labeled_ids(Path(dataset.dsi.path)), "a sample was lost"
+    assert stats.worker_restarts == 1 and stats.workers == 2
+    assert len(deaths) == 1 and deaths[0].pid == victim and "exit code -9" in deaths[0].reason
+    assert deaths[0].noticed_at - killed_at < 1.0  # noticed within a second
+
+
+def test_resume_from_checkpointed_position(dataset):
+    expected = labeled_ids(Path(dataset.dsi.path))
+    with DppService(setup_for(dataset, workers=2)) as svc:
+        before = [svc.clients[0].next_arrays().sample_ids for _ in range(13)]
+        state = json.loads(json.dumps(svc.position().to_state()))  # as a checkpoint file would hold it
+    pos = Position.from_state(state)
+    assert pos.epochs[0].partial or pos.epochs[0].done  # mid-epoch, some splits partly delivered
+    with DppService(setup_for(dataset, workers=2, start=pos)) as svc:
+        after = drain(svc.clients)
+    ids = np.concatenate(before + after)
+    assert len(ids) == len(set(ids.tolist()))
+    assert set(ids.tolist()) == expected
+
+
+def test_resume_across_epochs_with_inline_backend(dataset):
+    """Two epochs, interrupted twice: each epoch's samples exactly once."""
+    expected = labeled_ids(Path(dataset.dsi.path))
+    got: list[np.ndarray] = []
+    pos = Position()
+    for take in (30, 21, None):
+        with DppService(setup_for(dataset, max_epochs=2, start=pos), DppBackendKind.inline) as svc:
+            c = svc.clients[0]
+            if take is None:
+                got += drain([c])
+            else:
+                got += [c.next_arrays().sample_ids for _ in range(take)]
+            pos = Position.from_state(svc.position().to_state())
+    ids = np.concatenate(got)
+    values, counts = np.unique(ids, return_counts=True)
+    assert set(values.tolist()) == expected and (counts == 2).all()
+
+
+def test_source_state_dict_round_trip(dataset):
+    cfg = small_cfg(Path(dataset.dsi.path), "dsi.workers=1")
+    src = make_source(cfg, 0, 2)
+    try:
+        b = src.next_batch()
+        assert b.dense.shape == (128, 13) and b.lengths.shape == (8, 128) and b.values.numel() == b.lengths.sum()
+        assert b.dense.dtype.is_floating_point and str(b.values.dtype) == "torch.int64"
+        seen = [src.next_batch().sample_ids.numpy() for _ in range(5)] + [b.sample_ids.numpy()]
+        state = src.state_dict()
+    finally:
+        src.close()
+    resumed = make_source(cfg, 0, 2)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    try:
+        more = [resumed.next_batch().sample_ids.numpy() for _ in range(5)]
+        stats = resumed.stats()
+    finally:
+        resumed.close()
+    ids = np.concatenate(seen + more)
+    assert len(ids) == len(set(ids.tolist()))
+    assert stats["samples_delivered"] == 5 * 128 and stats["duplicate_samples"] == 0
+    assert {"data_stall_fraction", "data_wait_seconds", "dpp.workers", "dpp.worker_restarts",
+            "dpp.bytes_read"} <= set(stats)
+    assert stats["dpp.workers"] == 1 and stats["dpp.bytes_read"] > 0
+
+
+def test_ranks_and_eval_are_disjoint(dataset):
+    cfg = small_cfg(Path(dataset.dsi.path), "dsi.backend=inline")
+    sources = [make_source(cfg, r, 2) for r in range(2)] + [make_source(cfg, 0, 2, eval=True)]
+    try:
+        ids = [set(np.concatenate([s.next_batch().sample_ids.numpy() for _ in range(10)]).tolist()) for s in sources]
+    finally:
+        for s in sources:
+            s.close()
+    assert not ids[0] & ids[1] and not ids[2] & (ids[0] | ids[1])
+    assert min(ids[2]) >= 1 << 40
+
+
+@pytest.fixture
+def broken(tmp_path):
+    cfg = make_dataset(tmp_path / "ds", "dsi.num_samples=3000")
+    return cfg, tmp_path / "ds"
+
+
+def test_corrupt_file_is_one_line_error_naming_file_and_split(broken):
+    cfg, directory = broken
+    bad = directory / "part-00001.parquet"
+    bad.write_bytes(b"this is not parquet" * 100)
+    with DppService(setup_for(cfg, workers=2)) as svc:
+        with pytest.raises(DataError) as err:
+            drain(svc.clients)
+    msg = str(err.value)
+    assert str(bad) in msg and " split " in msg and "\n" not in msg and "Parquet" in msg
+
+
+def test_missing_file_fails_or_is_skipped_and_counted(broken):
+    cfg, directory = broken
+    (directory / "part-00002.parquet").unlink()
+    with DppService(setup_for(cfg, workers=1)) as svc:
+        with pytest.raises(DataError, match=r"part-00002\.parquet split \d+ \(row group \d\): file not found"):
+            drain(svc.clients)
+    with DppService(setup_for(cfg, workers=2, on_bad_split=OnBadSplit.skip)) as svc:
+        ids = np.concatenate(drain(svc.clients))
+        stats = svc.stats()
+    assert stats.splits_skipped == 4 and svc.clients[0].skipped == 4
+    assert set(ids.tolist()) == labeled_ids(directory, skip_files=("part-00002.parquet",))
+
+
+def test_schema_not_matching_the_model(broken):
+    cfg, directory = broken
+    other = small_cfg(directory)
+    other.model.tables.append(TableConfig(name="t8", num_embeddings=10, embedding_dim=16))
+    with DppService(setup_for(other, workers=1), DppBackendKind.inline) as svc:
+        with pytest.raises(DataError, match=r"split 0 \(row group 0\): column 'sparse_t8' is missing.*does not match"):
+            drain(svc.clients)
+
+
+def test_source_reports_missing_dataset(tmp_path):
+    with pytest.raises(DataError, match=r"no dataset here.*mode=gen_data"):
+        make_source(small_cfg(tmp_path / "nothing"), 0, 1)
+
+
+def test_stalled_service_raises_instead_of_hanging(broken):
+    cfg, _ = broken
+    setup = setup_for(cfg, workers=1, extra_split_s=30.0, limits={"stall_timeout_s": 1.0})
+    t0 = time.monotonic()
+    with DppService(setup) as svc:
+        with pytest.raises(DataError, match=r"no batch for 1 s"):
+            svc.clients[0].next_arrays()
+    assert time.monotonic() - t0 < 10
+
+
+def test_workers_exit_when_the_master_process_dies(broken, tmp_path):
+    cfg, directory = broken
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.data_helpers import small_cfg, setup_for
+        from neocfg.data.dpp.service import DppService
+        if __name__ == "__main__":
+            svc = DppService(setup_for(small_cfg({str(directory)!r}), workers=2, max_epochs=None)).start()
+            svc.clients[0].next_arrays()
+            print(*svc.backend.worker_pids(), flush=True)
+            time.sleep(600)
+    """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        pids = [int(p) for p in owner.stdout.readline().split()]
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        owner.kill()  # SIGKILL: the master thread dies with its process, no cleanup runs
+        owner.wait()
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(_alive(p) for p in pids), "orphaned DPP workers"
+    finally:
+        owner.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped by init) is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_split_that_kills_its_workers_is_a_bad_split(broken):
+    cfg, _ = broken
+    setup = setup_for(cfg, workers=1, extra_split_s=30.0, limits={"split_timeout_s": 0.3})
+    with DppService(setup) as svc:
+        with pytest.raises(DataError, match=r"split \d+ \(row group \d\): killed 3 workers"):
+            svc.clients[0].next_arrays()
+        assert svc.stats().worker_restarts == 3
