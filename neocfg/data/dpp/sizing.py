@@ -57,3 +57,8 @@ def worker_count(cfg: NeocfgConfig, world_size: int, plan: Optional[Plan] = None
             total, source = math.ceil(world_size * (1.0 + d.headroom)), WorkerCountSource.estimate
     per_service = min(max(1, math.ceil(total / world_size)), d.max_workers)
     return WorkerCount(total=total, per_service=per_service, source=source)
+
+
+def workers_needed(demand_samples_per_s: float, per_worker_samples_per_s: float, headroom: float) -> int:
+    """Workers that meet a trainer demand with `headroom` spare: ceil(demand * (1 + headroom) / per-worker rate)."""
+    return max(1, math.ceil(demand_samples_per_s * (1.0 + headroom) / per_worker_samples_per_s))
