@@ -15,6 +15,12 @@ def _describe(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     return run(cfg, run_dir)
 
 
+def _plan(cfg: NeocfgConfig, run_dir: Path | None) -> object:
+    from neocfg.planner.run import run
+
+    return run(cfg, run_dir)
+
+
 def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     from neocfg.data.parquet_gen import run
 
@@ -23,6 +29,7 @@ def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:
 
 MODES: dict[Mode, Callable[[NeocfgConfig, Path | None], object]] = {
     Mode.describe: _describe,
+    Mode.plan: _plan,
     Mode.gen_data: _gen_data,
 }
 

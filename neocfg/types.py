@@ -10,6 +10,7 @@ from enum import Enum
 
 class Mode(Enum):
     describe = "describe"
+    plan = "plan"
     gen_data = "gen_data"
 
 

@@ -30,3 +30,25 @@ def test_describe_sweep_with_a_bad_run_is_summarized(cli, tmp_path):
     assert "hardware" not in rows[0]  # not swept: the same in every run
     md = (sweep / "sweep_summary.md").read_text()
     assert md.startswith("| job | hardware.nodes | fits | why |")
+
+
+def test_plan_sweep_rows_carry_plan_metrics_and_infeasible_reason(cli, tmp_path):
+    r = cli("-m", "mode=plan", "model=dlrm_tiny", "hardware=zionex_1node", "planner.algorithm=ilp,greedy",
+            "hardware.device.hbm_gib=40,0.0001", "sweep.metric=gap",
+            "dsi.trainer_ingest_gbs=1000")
+    assert r.returncode == 0, r.stderr
+    sweep = _sweep_dir(tmp_path)
+    rows = _rows(sweep)
+    assert len(rows) == 4
+    for row in rows:
+        fits = row["hardware.device.hbm_gib"] == "40"
+        assert row["fits"] == ("yes" if fits else "no"), row
+        if fits:
+            assert float(row["step_ms"]) > 0 and float(row["samples_per_s"]) > 0
+            assert 0 <= float(row["gap"]) <= 1 and float(row["lower_bound_ms"]) <= float(row["objective_ms"]) + 1e-9
+            assert int(row["dpp_workers"]) >= 1 and 0 < float(row["max_hbm_pct"]) <= 100
+        else:
+            assert "does not fit" in row["why"] and row["step_ms"] == ""
+    assert {row["planner.algorithm"] for row in rows} == {"ilp", "greedy"}
+    assert (sweep / "sweep_summary.png").stat().st_size > 0
+    assert "sweep: 4 runs (2 did not fit or failed)" in r.stdout

@@ -1,12 +1,73 @@
-"""Schema of the `planner` section: which algorithm, its limits, what it may choose, comm precision."""
+"""Schema of the `planner` section: which algorithm, its limits, what it may choose, comm precision, cost constants."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from neocfg.config import checks
 from neocfg.types import CommDtype, MemoryTier, PlannerAlgorithm, ShardingType, WeightsDtype
+
+
+@dataclass
+class CostConstants:
+    """Empirical factors of the planner's cost model (`planner.costs.<name>=...` overrides any of them).
+
+    Each is a named constant with its justification; all are dimensionless unless the name carries a unit.
+    """
+
+    # Fraction of peak HBM bandwidth a fused embedding lookup (fbgemm TBE) reaches on random row gathers: TBE
+    # forward reaches about half of the A100's 1.55 TB/s at D=128 (Neo, ISCA'22, section 5.1 / fig. 9).
+    hbm_efficiency: float = 0.5
+    # Fraction of PCIe bandwidth reached by UVM reads of scattered rows (cache misses, host-resident tables): small
+    # random transactions over PCIe run at roughly a quarter of the streaming rate (Neo section 5.2, UVM caching).
+    pcie_efficiency: float = 0.25
+    # Backward pass with the fused optimizer as a multiple of the forward lookup: it reads the gradient, reads and
+    # writes the rows and the optimizer state (TorchRec planner's BWD_COMPUTE_MULTIPLIER is 2 as well).
+    bwd_compute_multiplier: float = 2.0
+    # Fraction of link bandwidth NCCL collectives reach at embedding message sizes (hundreds of KB to MB per peer),
+    # nccl-tests all-to-all busbw on NVLink / RoCE is typically 60-80 % of the line rate.
+    comm_efficiency: float = 0.7
+    # Fraction of the device's peak FLOP/s the dense MLPs reach in training (model FLOPs utilization; MLPerf DLRM
+    # submissions on A100 report 30-50 %).
+    dense_mfu: float = 0.4
+    # Fraction of the dense-gradient all-reduce that is not hidden behind the backward pass (1 = no overlap, the
+    # conservative choice; Neo overlaps part of it).
+    dense_allreduce_exposed: float = 1.0
+    # Fixed cost per embedding shard per step (microseconds): index bookkeeping, bucketization and small kernels
+    # that run per table even inside a fused TBE (TorchRec's planner adds a similar per-shard overhead).
+    shard_overhead_us: float = 5.0
+    # Bytes of one sparse id in the input all-to-all (int64 indices, as TorchRec's KJT sends them).
+    id_bytes: int = 8
+    # Bytes of cache metadata per cached row of a UVM-cached table (fbgemm lxu_cache_state int64 + LRU timestamp).
+    cache_metadata_bytes_per_row: int = 16
+    # Fraction of device memory kept free for the CUDA context, allocator fragmentation and dense activations.
+    hbm_reserve_fraction: float = 0.1
+    # Fraction of host DDR kept free for the OS, data loading and pinned staging buffers.
+    host_reserve_fraction: float = 0.2
+    # Weight of total communication time (ms summed over devices) in the ILP objective: a tie-breaker among
+    # plans with the same step time, small enough not to trade step time for it.
+    comm_tiebreak: float = 1e-4
+    # Times a DPP worker's memory system moves each byte of a sample (NIC DMA in, decompress/decode, transform,
+    # serialize + DMA out); DSI (Zhao et al., ISCA'22, section 5) finds memory bandwidth a DPP bottleneck next to
+    # CPU and NIC.
+    dpp_memory_passes: float = 4.0
+
+    def check(self, key: str) -> None:
+        for name in ("hbm_efficiency", "pcie_efficiency", "comm_efficiency", "dense_mfu"):
+            checks.in_range(f"{key}.{name}", getattr(self, name), 0.0, 1.0, lo_open=True)
+        checks.in_range(f"{key}.dense_allreduce_exposed", self.dense_allreduce_exposed, 0.0, 1.0)
+        checks.in_range(f"{key}.hbm_reserve_fraction", self.hbm_reserve_fraction, 0.0, 1.0, hi_open=True)
+        checks.in_range(f"{key}.host_reserve_fraction", self.host_reserve_fraction, 0.0, 1.0, hi_open=True)
+        checks.positive(f"{key}.bwd_compute_multiplier", self.bwd_compute_multiplier)
+        checks.positive(f"{key}.id_bytes", self.id_bytes)
+        checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
+        for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):
+            checks.non_negative(f"{key}.{name}", getattr(self, name))
+
+    @staticmethod
+    def names() -> list[str]:
+        return [f.name for f in fields(CostConstants)]
 
 
 @dataclass
@@ -26,6 +87,13 @@ class PlannerConfig:
     # Precision of the embedding all-to-all, forward (pooled outputs) and backward (their gradients).
     a2a_fwd_dtype: CommDtype = CommDtype.fp32
     a2a_bwd_dtype: CommDtype = CommDtype.fp32
+    # Most column slices a column-wise / table-column-wise table is cut into (each slice >= 4 columns).
+    max_column_slices: int = 8
+    # Instances with at most this many (table option x device) placement variables are solved as one flat,
+    # exact ILP; larger ones by decomposition (aggregated option choice, then placement).
+    exact_max_variables: int = 4000
+    # The cost model's empirical factors.
+    costs: CostConstants = field(default_factory=CostConstants)
 
     def check(self, key: str = "planner") -> None:
         checks.positive(f"{key}.time_limit_s", self.time_limit_s)
@@ -34,3 +102,6 @@ class PlannerConfig:
         checks.non_empty(f"{key}.memory_tiers", self.memory_tiers)
         checks.non_empty(f"{key}.weights_dtypes", self.weights_dtypes)
         checks.in_range(f"{key}.cache_ratio", self.cache_ratio, 0.0, 1.0, lo_open=True)
+        checks.positive(f"{key}.max_column_slices", self.max_column_slices)
+        checks.non_negative(f"{key}.exact_max_variables", self.exact_max_variables)
+        self.costs.check(f"{key}.costs")

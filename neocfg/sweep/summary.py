@@ -109,23 +109,29 @@ def swept_keys(rows: list[SweepRow]) -> list[str]:
 
 
 def _fmt(value: Optional[float]) -> str:
+    """Readable number for the Markdown table."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and abs(value) >= 1000):
-        return f"{int(value)}"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
     return f"{value:.4g}"
 
 
-def table(rows: list[SweepRow]) -> tuple[list[str], list[list[str]]]:
+def _raw(value: Optional[float]) -> str:
+    """Full-precision number for the CSV (machine-readable)."""
+    return "" if value is None else repr(value)
+
+
+def table(rows: list[SweepRow], fmt=_fmt) -> tuple[list[str], list[list[str]]]:
     keys = swept_keys(rows)
     header = ["job", *keys, "fits", "why", *METRIC_COLUMNS]
     body = [[str(r.job), *[r.overrides.get(k, "") for k in keys], "yes" if r.fits else "no", r.why,
-             *[_fmt(r.metrics.get(c)) for c in METRIC_COLUMNS]] for r in rows]
+             *[fmt(r.metrics.get(c)) for c in METRIC_COLUMNS]] for r in rows]
     return header, body
 
 
 def write_csv(rows: list[SweepRow], path: Path) -> None:
-    header, body = table(rows)
+    header, body = table(rows, fmt=_raw)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)

@@ -1,0 +1,77 @@
+"""Turn placements into the Plan contract: shard geometry per table, per-device estimates, step time, solver report."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional, Sequence
+
+from neocfg.config.model import TableConfig
+from neocfg.config.schema import NeocfgConfig
+from neocfg.plan import DeviceEstimate, DppSizing, Estimate, Plan, Shard, SolverReport, TablePlan
+from neocfg.planner.costs import CostModel, DenseCost, ceil_div
+from neocfg.planner.types import Perf, Placement, SolveResult
+from neocfg.types import MemoryTier, ShardingType
+
+
+def row_ranges(num_rows: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous (offset, count) ranges, ceil split (TorchRec's block size), covering [0, num_rows)."""
+    block = ceil_div(num_rows, parts)
+    return [(min(i * block, num_rows), max(0, min(block, num_rows - i * block))) for i in range(parts)]
+
+
+def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
+    n, d = table.num_embeddings, table.embedding_dim
+    s, ranks = placement.option.sharding, placement.ranks
+    if s in (ShardingType.row_wise, ShardingType.table_row_wise):
+        return tuple(Shard(r, off, cnt, 0, d) for r, (off, cnt) in zip(ranks, row_ranges(n, len(ranks))))
+    if s in (ShardingType.column_wise, ShardingType.table_column_wise):
+        width = d // len(ranks)
+        return tuple(Shard(r, 0, n, i * width, width) for i, r in enumerate(ranks))
+    return tuple(Shard(r, 0, n, 0, d) for r in ranks)
+
+
+def device_perf(cost: CostModel, placements: Sequence[Placement]) -> list[Perf]:
+    perf = [Perf() for _ in range(cost.topo.world)]
+    for p in placements:
+        for r in p.ranks:
+            perf[r] = perf[r] + p.option.perf
+    return perf
+
+
+def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: SolveResult,
+             dpp: Optional[DppSizing] = None) -> Plan:
+    tables = cfg.model.tables
+    placements = result.placements
+    hbm = [0] * cost.topo.world
+    host = [0] * cost.topo.world
+    counts: list[Counter] = [Counter() for _ in range(cost.topo.world)]
+    for p in placements:
+        for r in p.ranks:
+            hbm[r] += p.option.storage.hbm
+            host[r] += p.option.storage.host
+            counts[r][p.option.sharding.value] += 1
+    perf = device_perf(cost, placements)
+    devices = tuple(
+        DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
+                       compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
+                       total_ms=perf[r].total + dense.perf.total, shard_counts=dict(sorted(counts[r].items())))
+        for r in range(cost.topo.world))
+    step = max(d.total_ms for d in devices)
+    lb = min(result.lower_bound_ms + dense.perf.total, step)
+    gap = (step - lb) / step if step > 0 else 0.0
+    table_plans = tuple(
+        TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                  sharding=p.option.sharding, memory=p.option.tier, weights_dtype=p.option.dtype,
+                  shards=shards_of(t, p),
+                  cache_ratio=cost.cache_ratio if p.option.tier is MemoryTier.uvm_caching else 0.0)
+        for t, p in zip(tables, placements))
+    hw = cfg.hardware
+    return Plan(
+        model_name=cfg.model.name, world_size=hw.num_devices, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
+        batch_size_per_device=cfg.train.batch_size, a2a_fwd_dtype=cfg.planner.a2a_fwd_dtype,
+        a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=devices,
+        estimate=Estimate(step_ms=step, samples_per_s=cfg.train.batch_size * hw.num_devices / (step / 1e3),
+                          dense_ms=dense.perf.total),
+        solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
+                            objective_ms=step, lower_bound_ms=lb, gap=gap),
+        dpp=dpp)

@@ -1,0 +1,262 @@
+"""Cost models: memory, compute and communication of one piece of a sharded table, and of the dense part.
+
+Notation (per step): B samples per device, W devices (world), P devices per node, G = B x W samples globally,
+L the table's pooling factor, D its dimension, c the columns of a slice, r the rows of a shard.
+
+Compute  lookup bytes / effective bandwidth of the tier (HBM; UVM caching mixes HBM hits and PCIe misses; host reads
+         over PCIe); backward with the fused optimizer = `bwd_compute_multiplier` x forward.
+Comm     all-to-all from/to every device: bytes x (fraction within the node / intra bandwidth + fraction across
+         nodes / inter bandwidth); reduce-scatter / all-gather / all-reduce hierarchically (within the node, then
+         1/P of the data across nodes). All divided by `comm_efficiency`.
+Memory   weights at the precision + optimizer state (row-wise Adagrad one fp32 per row, Adagrad one per element,
+         SGD none) + cache metadata (UVM caching) + input/output buffers (ids, pooled outputs and their gradients).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from neocfg.config.model import ModelConfig, TableConfig
+from neocfg.config.planner import CostConstants
+from neocfg.config.schema import NeocfgConfig
+from neocfg.planner.types import Perf, Storage, Topology
+from neocfg.types import (DenseOptimizer, Interaction, MemoryTier, ShardingType, SparseOptimizer, WeightsDtype)
+
+GIB = 1024**3
+GB = 1e9
+MS = 1e3
+FP32 = 4
+# Below this many rows the Zipf normalizer is summed exactly; above, the tail is integrated (error < 1e-6 relative).
+_EXACT_HARMONIC_TERMS = 10_000
+
+
+@functools.lru_cache(maxsize=4096)
+def _harmonic_head(n: int, alpha: float) -> float:
+    return float(np.sum(np.arange(1, n + 1, dtype=np.float64) ** -alpha))
+
+
+def generalized_harmonic(n: float, alpha: float) -> float:
+    """H(n, alpha) = sum_{k=1..n} k^-alpha (exact head, integral of the tail with the midpoint correction)."""
+    n = int(n)
+    if n <= 0:
+        return 0.0
+    head = min(n, _EXACT_HARMONIC_TERMS)
+    total = _harmonic_head(head, float(alpha))
+    if n > head:
+        a, b = head + 0.5, n + 0.5
+        total += math.log(b / a) if abs(alpha - 1.0) < 1e-12 else (b ** (1 - alpha) - a ** (1 - alpha)) / (1 - alpha)
+    return total
+
+
+@functools.lru_cache(maxsize=65536)
+def zipf_hit_rate(num_rows: int, alpha: float, cache_ratio: float) -> float:
+    """Fraction of lookups served by a cache holding the hottest `cache_ratio` of the rows under Zipf(alpha)."""
+    cached = max(1, int(num_rows * cache_ratio))
+    if cached >= num_rows:
+        return 1.0
+    return generalized_harmonic(cached, alpha) / generalized_harmonic(num_rows, alpha)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class PieceShape:
+    """What one device holds of a table and how many of its lookups it serves."""
+
+    rows: int                 # rows held (the largest shard for row splits)
+    cols: int                 # columns held
+    lookup_rows: float        # rows gathered per step on this device
+    output_samples: float     # samples whose pooled vectors this device produces (before any reduction)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    topo: Topology
+    batch_size: int
+    consts: CostConstants
+    hbm_bandwidth_gbs: float
+    pcie_bandwidth_gbs: float
+    intra_gbs: float
+    inter_gbs: float
+    peak_tflops: float
+    cache_ratio: float
+    a2a_fwd_bytes: int
+    a2a_bwd_bytes: int
+    sparse_optimizer: SparseOptimizer
+    hbm_capacity: int         # usable bytes of device memory per device for embeddings
+    host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
+
+    @staticmethod
+    def from_config(cfg: NeocfgConfig) -> "CostModel":
+        hw, pl = cfg.hardware, cfg.planner
+        c = pl.costs
+        topo = Topology(hw.nodes, hw.devices_per_node)
+        dense = dense_cost(cfg)
+        hbm = int(hw.device.hbm_gib * GIB * (1 - c.hbm_reserve_fraction)) - dense.resident_bytes
+        host = int(hw.host.ddr_gib * GIB * (1 - c.host_reserve_fraction) / hw.devices_per_node)
+        return CostModel(
+            topo=topo, batch_size=cfg.train.batch_size, consts=c, hbm_bandwidth_gbs=hw.device.hbm_bandwidth_gbs,
+            pcie_bandwidth_gbs=hw.host.pcie_bandwidth_gbs, intra_gbs=hw.intra_node_bandwidth_gbs,
+            inter_gbs=hw.inter_node_bandwidth_gbs, peak_tflops=hw.device.peak_tflops, cache_ratio=pl.cache_ratio,
+            a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
+            sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host)
+
+    @property
+    def capacity(self) -> Storage:
+        return Storage(self.hbm_capacity, self.host_capacity)
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.topo.world
+
+    # ---- communication: milliseconds per byte -------------------------------------------------------------
+    def a2a_ms_per_byte(self) -> float:
+        """A device exchanging bytes evenly with every device of the world (itself free)."""
+        w, p = self.topo.world, self.topo.devices_per_node
+        intra, inter = (p - 1) / w, (w - p) / w
+        return (intra / (self.intra_gbs * GB) + inter / (self.inter_gbs * GB)) * MS / self.consts.comm_efficiency
+
+    def reduce_scatter_ms_per_byte(self, within_node: bool = False) -> float:
+        """Hierarchical reduce-scatter (or all-gather) of a buffer of that many bytes present on every device."""
+        p, n = self.topo.devices_per_node, self.topo.nodes
+        t = (p - 1) / p / (self.intra_gbs * GB)
+        if not within_node:
+            t += (n - 1) / n / p / (self.inter_gbs * GB)
+        return t * MS / self.consts.comm_efficiency
+
+    def allreduce_ms(self, nbytes: float) -> float:
+        return 2 * nbytes * self.reduce_scatter_ms_per_byte()
+
+    # ---- memory ------------------------------------------------------------------------------------------
+    def optimizer_state_bytes(self, rows: int, cols: int) -> int:
+        return {SparseOptimizer.exact_rowwise_adagrad: rows * FP32, SparseOptimizer.exact_adagrad: rows * cols * FP32,
+                SparseOptimizer.exact_sgd: 0}[self.sparse_optimizer]
+
+    def storage(self, shape: PieceShape, tier: MemoryTier, dtype: WeightsDtype, sharding: ShardingType) -> Storage:
+        weights = shape.rows * shape.cols * dtype.bytes
+        state = self.optimizer_state_bytes(shape.rows, shape.cols)
+        # ids received + pooled outputs produced + their gradients received, fp32 on the device.
+        buffers = int(shape.lookup_rows * self.consts.id_bytes + 2 * shape.output_samples * shape.cols * FP32)
+        if sharding is ShardingType.data_parallel:
+            buffers += shape.rows * shape.cols * FP32  # the dense gradient of the replica
+        if tier is MemoryTier.hbm:
+            return Storage(weights + state + buffers, 0)
+        if tier is MemoryTier.uvm_caching:
+            cached = int(shape.rows * self.cache_ratio)
+            cache = cached * shape.cols * dtype.bytes + cached * self.consts.cache_metadata_bytes_per_row
+            return Storage(cache + buffers, weights + state)
+        return Storage(buffers, weights + state)
+
+    # ---- compute -----------------------------------------------------------------------------------------
+    def lookup_ms_per_byte(self, table: TableConfig, tier: MemoryTier, rows: int) -> float:
+        hbm = 1.0 / (self.hbm_bandwidth_gbs * GB * self.consts.hbm_efficiency)
+        pcie = 1.0 / (self.pcie_bandwidth_gbs * GB * self.consts.pcie_efficiency)
+        if tier is MemoryTier.hbm:
+            return hbm * MS
+        if tier is MemoryTier.uvm_caching:
+            h = zipf_hit_rate(rows, table.alpha, self.cache_ratio)
+            return (h * hbm + (1 - h) * pcie) * MS
+        return pcie * MS
+
+    def compute(self, table: TableConfig, shape: PieceShape, tier: MemoryTier, dtype: WeightsDtype) -> Perf:
+        fwd = shape.lookup_rows * shape.cols * dtype.bytes * self.lookup_ms_per_byte(table, tier, shape.rows)
+        fwd += self.consts.shard_overhead_us / 1e3
+        return Perf(fwd_compute=fwd, bwd_compute=fwd * self.consts.bwd_compute_multiplier)
+
+    def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
+        c = self.consts
+        ids = shape.lookup_rows * c.id_bytes * self.a2a_ms_per_byte()
+        fb, bb = self.a2a_fwd_bytes, self.a2a_bwd_bytes
+        if sharding in (ShardingType.table_wise, ShardingType.column_wise, ShardingType.table_column_wise):
+            out = shape.output_samples * shape.cols * self.a2a_ms_per_byte()
+            return Perf(fwd_comm=ids + out * fb, bwd_comm=out * bb)
+        if sharding is ShardingType.row_wise:
+            # partial pooled sums of every sample, reduce-scattered (fwd) / all-gathered (bwd) over the world
+            rs = shape.output_samples * shape.cols * self.reduce_scatter_ms_per_byte()
+            return Perf(fwd_comm=ids + rs * fb, bwd_comm=rs * bb)
+        if sharding is ShardingType.table_row_wise:
+            # reduce-scatter within the node, then the node's reduced outputs all-to-all to their samples' owners
+            rs = shape.output_samples * shape.cols * self.reduce_scatter_ms_per_byte(within_node=True)
+            out = shape.output_samples / self.topo.devices_per_node * shape.cols * self.a2a_ms_per_byte()
+            return Perf(fwd_comm=ids + (rs + out) * fb, bwd_comm=(rs + out) * bb)
+        # data parallel: local lookups, the table's dense gradient all-reduced in fp32
+        return Perf(bwd_comm=self.allreduce_ms(shape.rows * shape.cols * FP32))
+
+    # ---- pieces ------------------------------------------------------------------------------------------
+    def shape(self, table: TableConfig, sharding: ShardingType, num_pieces: int) -> PieceShape:
+        n, d, L = table.num_embeddings, table.embedding_dim, table.pooling_factor
+        g, b, p = self.global_batch, self.batch_size, self.topo.devices_per_node
+        if sharding is ShardingType.table_wise:
+            return PieceShape(rows=n, cols=d, lookup_rows=g * L, output_samples=g)
+        if sharding in (ShardingType.column_wise, ShardingType.table_column_wise):
+            return PieceShape(rows=n, cols=d // num_pieces, lookup_rows=g * L, output_samples=g)
+        if sharding is ShardingType.row_wise:
+            return PieceShape(rows=ceil_div(n, self.topo.world), cols=d, lookup_rows=b * L, output_samples=g)
+        if sharding is ShardingType.table_row_wise:
+            return PieceShape(rows=ceil_div(n, p), cols=d, lookup_rows=g * L / p, output_samples=g)
+        return PieceShape(rows=n, cols=d, lookup_rows=b * L, output_samples=b)
+
+    def piece(self, table: TableConfig, sharding: ShardingType, tier: MemoryTier, dtype: WeightsDtype,
+              num_pieces: int) -> tuple[Perf, Storage]:
+        shape = self.shape(table, sharding, num_pieces)
+        perf = self.compute(table, shape, tier, dtype) + self.comm(table, sharding, shape)
+        return perf, self.storage(shape, tier, dtype, sharding)
+
+
+# ---- the dense part ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DenseCost:
+    flops_per_sample: float   # forward
+    parameters: int
+    perf: Perf                # per device per step
+    resident_bytes: int       # parameters + optimizer state on every device
+
+
+def _mlp(widths: list[int]) -> tuple[float, int]:
+    flops = sum(2 * a * b for a, b in zip(widths, widths[1:]))
+    params = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    return flops, params
+
+
+def dense_flops_and_params(model: ModelConfig) -> tuple[float, int]:
+    bottom_f, bottom_p = _mlp([model.num_dense_features] + model.bottom_layers)
+    features = len(model.tables) + 1
+    if model.interaction is Interaction.dot:
+        d = model.tables[0].embedding_dim
+        inter_f, inter_p = features * features * d, 0
+        top_in = d + features * (features - 1) // 2
+    else:
+        x = sum(model.embedding_dims) + model.bottom_layers[-1]
+        r = model.dcn_low_rank_dim
+        inter_f = model.dcn_num_layers * (4 * x * r + 3 * x)
+        inter_p = model.dcn_num_layers * (2 * x * r + x)
+        top_in = x
+    top_f, top_p = _mlp([top_in] + list(model.top_mlp))
+    return bottom_f + inter_f + top_f, bottom_p + inter_p + top_p
+
+
+# Optimizer state per dense parameter, in fp32 words.
+_DENSE_STATE_WORDS = {DenseOptimizer.sgd: 0, DenseOptimizer.adagrad: 1, DenseOptimizer.adam: 2}
+# Training FLOPs as a multiple of forward FLOPs (backward computes gradients of inputs and of weights).
+TRAIN_FLOPS_PER_FWD = 3
+
+
+def dense_cost(cfg: NeocfgConfig) -> DenseCost:
+    hw, c = cfg.hardware, cfg.planner.costs
+    flops, params = dense_flops_and_params(cfg.model)
+    rate = hw.device.peak_tflops * 1e12 * c.dense_mfu
+    fwd = flops * cfg.train.batch_size / rate * MS
+    p, n = hw.devices_per_node, hw.nodes
+    grad_bytes = params * FP32
+    per_byte = ((p - 1) / p / (hw.intra_node_bandwidth_gbs * GB)
+                + (n - 1) / n / p / (hw.inter_node_bandwidth_gbs * GB)) * MS / c.comm_efficiency
+    allreduce = 2 * grad_bytes * per_byte * c.dense_allreduce_exposed
+    perf = Perf(fwd_compute=fwd, bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1), bwd_comm=allreduce)
+    resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
+    return DenseCost(flops_per_sample=flops, parameters=params, perf=perf, resident_bytes=resident)

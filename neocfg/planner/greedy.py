@@ -1,0 +1,75 @@
+"""The greedy planner (TorchRec-style): tables largest first; for each, the option whose pieces, put on the
+least-loaded devices with memory room, give the smallest projected step time (the larger of the new busiest device
+and the new per-device average including a lower estimate of the tables still to come). Also the ILP's warm start.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional, Sequence
+
+from neocfg.errors import InfeasibleError
+from neocfg.planner.bounds import simple_lower_bound
+from neocfg.planner.loads import DeviceLoads
+from neocfg.planner.types import Placement, ShardingOption, SolveResult, Storage, Topology
+
+
+def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
+                 names: Sequence[str]) -> tuple[Placement, ...]:
+    """One placement per table (table order); raises InfeasibleError naming the first table that finds no room."""
+    w = topo.world
+    min_work = [min(o.total_work for o in opts) for opts in options]
+    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -min_work[t]))
+    remaining = sum(min_work)
+    # Memory the tables still to come need at least (per tier, summed over devices): an option that would leave
+    # less than that is taken only when nothing else fits.
+    min_hbm = [min(o.storage.hbm * o.num_pieces for o in opts) for opts in options]
+    min_host = [min(o.storage.host * o.num_pieces for o in opts) for opts in options]
+    rem_hbm, rem_host = sum(min_hbm), sum(min_host)
+    total_hbm, total_host = capacity.hbm * w, capacity.host * w
+    loads = DeviceLoads(topo, capacity)
+    chosen: list[Optional[Placement]] = [None] * len(options)
+    for t in order:
+        remaining -= min_work[t]
+        rem_hbm -= min_hbm[t]
+        rem_host -= min_host[t]
+        used_hbm, used_host = int(loads.hbm.sum()), int(loads.host.sum())
+        best: Optional[tuple[tuple[bool, float, float], Placement]] = None
+        peak, total = float(loads.time.max()), float(loads.time.sum())
+        for o in options[t]:
+            ranks = loads.best_ranks(o)
+            if ranks is None:
+                continue
+            idx = list(ranks)
+            new_peak = max(peak, float(loads.time[idx].max()) + o.perf.total)
+            projected = max(new_peak, (total + o.total_work + remaining) / w)
+            starves = (used_hbm + o.storage.hbm * o.num_pieces + rem_hbm > total_hbm
+                       or used_host + o.storage.host * o.num_pieces + rem_host > total_host
+                       or int(loads.hbm[idx].max()) + o.storage.hbm > capacity.hbm - rem_hbm / w
+                       or int(loads.host[idx].max()) + o.storage.host > capacity.host - rem_host / w)
+            key = (starves, projected, o.total_work)
+            if best is None or key < best[0]:
+                best = (key, Placement(o, ranks))
+        if best is None:
+            raise InfeasibleError(_no_room(names[t], options[t], loads))
+        loads.add(best[1])
+        chosen[t] = best[1]
+    return tuple(p for p in chosen if p is not None)
+
+
+def _no_room(name: str, opts: Sequence[ShardingOption], loads: DeviceLoads) -> str:
+    gib = 1024**3
+    o = min(opts, key=lambda o: (o.storage.hbm + o.storage.host) * o.num_pieces)
+    with_room = int(loads.fits_mask(o).sum())
+    return (f"table {name} finds no room after the larger tables were placed: its smallest option {o.label()} needs"
+            f" {o.storage.hbm / gib:,.3f} GiB device memory + {o.storage.host / gib:,.3f} GiB host DDR on each of"
+            f" {o.num_pieces} device(s), {with_room} of {loads.topo.world} devices have that much left; would fit"
+            f" with planner.algorithm=ilp, fp16 weights, UVM caching, row-wise sharding or more nodes")
+
+
+def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
+                 names: Sequence[str]) -> SolveResult:
+    t0 = time.perf_counter()
+    placements = greedy_place(topo, capacity, options, names)
+    return SolveResult(placements=placements, algorithm="greedy", status="heuristic",
+                       seconds=time.perf_counter() - t0, lower_bound_ms=simple_lower_bound(topo, options))

@@ -1,0 +1,214 @@
+"""The candidate shardings of every table: sharding type x memory tier x weight precision (x slice count),
+narrowed by the planner's and the table's constraints, with dominated and never-fitting options dropped.
+
+A table none of whose options fits an empty device raises InfeasibleError naming the table, the limit and what
+would make it fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from neocfg.config.model import TableConfig
+from neocfg.config.schema import NeocfgConfig
+from neocfg.errors import ConfigError, InfeasibleError
+from neocfg.planner.costs import GIB, CostModel, ceil_div
+from neocfg.planner.types import ShardingOption, Storage
+from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
+
+# TBE kernels need every slice's width to be a multiple of this.
+COLUMN_ALIGN = 4
+SLICED = (ShardingType.column_wise, ShardingType.table_column_wise)
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What one table may use."""
+
+    shardings: tuple[ShardingType, ...]
+    tiers: tuple[MemoryTier, ...]
+    dtypes: tuple[WeightsDtype, ...]
+
+
+def allowed_tiers(cfg: NeocfgConfig) -> tuple[MemoryTier, ...]:
+    tiers = tuple(cfg.planner.memory_tiers)
+    if cfg.hardware.device.kind is DeviceKind.cpu:
+        # fbgemm's CPU kernels run host-resident tables only: on a CPU rank its own memory is the one tier.
+        if MemoryTier.hbm not in tiers:
+            raise ConfigError("planner.memory_tiers", [t.value for t in tiers],
+                              "on hardware.device.kind=cpu only 'hbm' (the rank's own memory) is supported")
+        tiers = (MemoryTier.hbm,)
+    return tiers
+
+
+def table_choices(cfg: NeocfgConfig, table: TableConfig) -> Choices:
+    def narrow(base: tuple, own: list | None) -> tuple:
+        return base if own is None else tuple(x for x in base if x in own)
+
+    tiers = allowed_tiers(cfg)
+    return Choices(narrow(tuple(cfg.planner.sharding_types), table.sharding_types), narrow(tiers, table.memory_tiers),
+                   narrow(tuple(cfg.planner.weights_dtypes), table.weights_dtypes))
+
+
+def slice_counts(cfg: NeocfgConfig, table: TableConfig, sharding: ShardingType) -> list[int]:
+    """Slice counts k >= 2 for which D/k is a multiple of 4 and k fits the world (CW) or one node (TWCW)."""
+    d = table.embedding_dim
+    limit = cfg.hardware.num_devices if sharding is ShardingType.column_wise else cfg.hardware.devices_per_node
+    limit = min(limit, cfg.planner.max_column_slices)
+    if table.ranks is not None:
+        ks = [len(table.ranks)]
+    else:
+        ks = [k for k in range(2, limit + 1) if k & (k - 1) == 0 or k == limit]
+    return [k for k in ks if 2 <= k <= limit and d % k == 0 and (d // k) % COLUMN_ALIGN == 0]
+
+
+def _geometry_ok(cfg: NeocfgConfig, table: TableConfig, sharding: ShardingType) -> bool:
+    hw = cfg.hardware
+    n = table.num_embeddings
+    ranks = table.ranks
+    if sharding is ShardingType.row_wise:
+        # ceil split must leave every rank a non-empty row range
+        return ranks is None and hw.num_devices >= 2 and n > (hw.num_devices - 1) * ceil_div(n, hw.num_devices)
+    if sharding is ShardingType.table_row_wise:
+        p = hw.devices_per_node
+        return ranks is None and p >= 2 and n > (p - 1) * ceil_div(n, p)
+    if sharding is ShardingType.data_parallel:
+        return ranks is None
+    if sharding is ShardingType.table_wise:
+        return ranks is None or len(ranks) == 1
+    if ranks is not None:
+        if len(set(ranks)) != len(ranks):
+            return False
+        if sharding is ShardingType.table_column_wise and len({r // hw.devices_per_node for r in ranks}) != 1:
+            return False
+    return True
+
+
+def _pieces(cfg: NeocfgConfig, sharding: ShardingType, k: int) -> int:
+    hw = cfg.hardware
+    return {ShardingType.table_wise: 1, ShardingType.column_wise: k, ShardingType.table_column_wise: k,
+            ShardingType.table_row_wise: hw.devices_per_node, ShardingType.row_wise: hw.num_devices,
+            ShardingType.data_parallel: hw.num_devices}[sharding]
+
+
+def _dominates(a: ShardingOption, b: ShardingOption) -> bool:
+    """a is at least as good as b in every respect that matters to placement (same placement shape)."""
+    return (a.sharding == b.sharding and a.num_pieces == b.num_pieces and a.fixed_ranks == b.fixed_ranks
+            and a.perf.total <= b.perf.total and a.perf.comm <= b.perf.comm
+            and a.storage.hbm <= b.storage.hbm and a.storage.host <= b.storage.host)
+
+
+def prune(options: list[ShardingOption]) -> list[ShardingOption]:
+    kept: list[ShardingOption] = []
+    for i, o in enumerate(options):
+        dominated = any(_dominates(p, o) and (not _dominates(o, p) or j < i) for j, p in enumerate(options) if j != i)
+        if not dominated:
+            kept.append(o)
+    return kept
+
+
+def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[ShardingOption]:
+    """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed."""
+    table = cfg.model.tables[index]
+    ch = table_choices(cfg, table)
+    out: list[ShardingOption] = []
+    for sharding in ch.shardings:
+        if not _geometry_ok(cfg, table, sharding):
+            continue
+        ks = slice_counts(cfg, table, sharding) if sharding in SLICED else [1]
+        for k in ks:
+            for tier in ch.tiers:
+                if sharding is ShardingType.data_parallel and tier is not MemoryTier.hbm:
+                    continue
+                for dtype in ch.dtypes:
+                    perf, storage = cost.piece(table, sharding, tier, dtype, k)
+                    if not storage.fits(cost.capacity):
+                        continue
+                    fixed = tuple(table.ranks) if table.ranks is not None else None
+                    out.append(ShardingOption(index, sharding, tier, dtype, _pieces(cfg, sharding, k), perf, storage,
+                                              fixed))
+    if not out:
+        raise InfeasibleError(explain_table(cfg, cost, index))
+    return prune(out)
+
+
+def all_options(cfg: NeocfgConfig, cost: CostModel) -> list[list[ShardingOption]]:
+    opts = [table_options(cfg, cost, i) for i in range(len(cfg.model.tables))]
+    check_total_memory(cfg, cost, opts)
+    return opts
+
+
+# ---- explaining infeasibility ----------------------------------------------------------------------------
+def _gib(n: float) -> str:
+    return f"{n / GIB:,.1f} GiB"
+
+
+def _smallest_piece(cost: CostModel, table: TableConfig, sharding: ShardingType, tier: MemoryTier,
+                    dtype: WeightsDtype) -> Storage:
+    return cost.piece(table, sharding, tier, dtype, 1)[1]
+
+
+def explain_table(cfg: NeocfgConfig, cost: CostModel, index: int) -> str:
+    table = cfg.model.tables[index]
+    hw = cfg.hardware
+    ch = table_choices(cfg, table)
+    cap = cost.capacity
+    dtype = min(ch.dtypes, key=lambda d: d.bytes) if ch.dtypes else WeightsDtype.fp32
+    best_sharding = ShardingType.row_wise if ShardingType.row_wise in ch.shardings else ch.shardings[0]
+    tier = MemoryTier.host if MemoryTier.host in ch.tiers else ch.tiers[0]
+    need = _smallest_piece(cost, table, best_sharding, tier, dtype)
+    binding = "host DDR" if need.host > cap.host else "device memory (HBM)"
+    have = cap.host if need.host > cap.host else cap.hbm
+    used = need.host if need.host > cap.host else need.hbm
+    fixes = []
+    if WeightsDtype.fp16 not in ch.dtypes and cost.piece(table, best_sharding, tier, WeightsDtype.fp16, 1)[1].fits(cap):
+        fixes.append("fp16 weights (planner.weights_dtypes=[fp32,fp16])")
+    if cfg.hardware.device.kind is not DeviceKind.cpu:
+        for t in (MemoryTier.uvm_caching, MemoryTier.host):
+            if t not in ch.tiers and cost.piece(table, best_sharding, t, dtype, 1)[1].fits(cap):
+                fixes.append(f"memory tier {t.value} (planner.memory_tiers)")
+                break
+    if best_sharding is not ShardingType.row_wise and cost.piece(table, ShardingType.row_wise, tier, dtype,
+                                                                 1)[1].fits(cap):
+        fixes.append("row-wise sharding (planner.sharding_types)")
+    nodes = _nodes_needed(cfg, cost, table, tier, dtype)
+    if nodes:
+        fixes.append(f"hardware.nodes>={nodes}")
+    fix = "; would fit with " + " or ".join(fixes) if fixes else "; no allowed setting makes it fit"
+    return (f"table {table.name} ({table.num_embeddings:,} x {table.embedding_dim}) does not fit: its smallest"
+            f" {best_sharding.value} shard at {dtype.value} in {tier.value} needs {_gib(used)} of {binding}, a"
+            f" {hw.name} device has {_gib(have)} usable{fix}")
+
+
+def _nodes_needed(cfg: NeocfgConfig, cost: CostModel, table: TableConfig, tier: MemoryTier,
+                  dtype: WeightsDtype) -> int | None:
+    """Fewest nodes with which the table's row-wise shard would fit (None if even 1024 nodes do not help)."""
+    p = cfg.hardware.devices_per_node
+    for nodes in (2**i for i in range(11)):
+        if nodes <= cfg.hardware.nodes:
+            continue
+        bigger = CostModel(**{**cost.__dict__, "topo": type(cost.topo)(nodes, p)})
+        if bigger.piece(table, ShardingType.row_wise, tier, dtype, 1)[1].fits(bigger.capacity):
+            return nodes
+    return None
+
+
+def check_total_memory(cfg: NeocfgConfig, cost: CostModel, options: list[list[ShardingOption]]) -> None:
+    """The least memory every table needs (per tier, summed over devices) against the cluster's total."""
+    w = cfg.hardware.num_devices
+    need_hbm = sum(min(o.storage.hbm * o.num_pieces for o in opts) for opts in options)
+    need_host = sum(min(o.storage.host * o.num_pieces for o in opts) for opts in options)
+    need_any = sum(min((o.storage.hbm + o.storage.host) * o.num_pieces for o in opts) for opts in options)
+    cap_hbm, cap_host = cost.hbm_capacity * w, cost.host_capacity * w
+    per_node = (cost.hbm_capacity + cost.host_capacity) * cfg.hardware.devices_per_node
+    if need_hbm > cap_hbm or need_host > cap_host or need_any > cap_hbm + cap_host:
+        nodes = ceil_div(int(need_any), int(per_node)) if per_node else 0
+        which, need, have = (("device memory (HBM)", need_hbm, cap_hbm) if need_hbm > cap_hbm else
+                             ("host DDR", need_host, cap_host) if need_host > cap_host else
+                             ("HBM + host DDR", need_any, cap_hbm + cap_host))
+        fixes = []
+        if WeightsDtype.fp16 not in cfg.planner.weights_dtypes:
+            fixes.append("fp16 weights (planner.weights_dtypes=[fp32,fp16])")
+        fixes.append(f"hardware.nodes>={max(nodes, cfg.hardware.nodes + 1)}")
+        raise InfeasibleError(
+            f"model {cfg.model.name} does not fit {cfg.hardware.name}: its tables need at least {_gib(need)} of"
+            f" {which} in total, the {w} devices have {_gib(have)} usable; would fit with " + " or ".join(fixes))

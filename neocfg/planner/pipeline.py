@@ -1,0 +1,47 @@
+"""make_plan: options -> algorithm -> verified placements -> Plan (with DPP sizing)."""
+
+from __future__ import annotations
+
+from neocfg.config.schema import NeocfgConfig
+from neocfg.errors import InfeasibleError
+from neocfg.plan import Plan
+from neocfg.planner.assemble import assemble
+from neocfg.planner.costs import CostModel, dense_cost
+from neocfg.planner.greedy import solve_greedy
+from neocfg.planner.loads import DeviceLoads
+from neocfg.planner.options import all_options
+from neocfg.planner.types import SolveResult
+from neocfg.types import PlannerAlgorithm
+
+
+def solve(cfg: NeocfgConfig, cost: CostModel) -> SolveResult:
+    options = all_options(cfg, cost)
+    names = [t.name for t in cfg.model.tables]
+    if cfg.planner.algorithm is PlannerAlgorithm.greedy:
+        return solve_greedy(cost.topo, cost.capacity, options, names)
+    from neocfg.planner.ilp import solve_ilp
+
+    return solve_ilp(cfg, cost, options)
+
+
+def verify(cost: CostModel, result: SolveResult) -> None:
+    """Never hand out an over-full device (a bug guard; every algorithm already respects capacity)."""
+    loads = DeviceLoads.of(cost.topo, cost.capacity, result.placements)
+    bad = loads.over_capacity()
+    if bad is not None:
+        raise InfeasibleError(f"internal check: device {bad} would exceed its memory"
+                              f" (hbm {int(loads.hbm[bad]):,} of {cost.capacity.hbm:,} bytes,"
+                              f" host {int(loads.host[bad]):,} of {cost.capacity.host:,}); please report this plan")
+
+
+def make_plan(cfg: NeocfgConfig) -> Plan:
+    cost = CostModel.from_config(cfg)
+    dense = dense_cost(cfg)
+    result = solve(cfg, cost)
+    verify(cost, result)
+    plan = assemble(cfg, cost, dense, result)
+    try:
+        from neocfg.planner.dpp import size_dpp
+    except ImportError:
+        return plan
+    return size_dpp(cfg, plan)
