@@ -267,3 +267,18 @@ def test_split_that_kills_its_workers_is_a_bad_split(broken):
         with pytest.raises(DataError, match=r"split \d+ \(row group \d\): killed 3 workers"):
             svc.clients[0].next_arrays()
         assert svc.stats().worker_restarts == 3
+
+
+def test_online_scaling_adds_workers_while_clients_stall_and_retires_idle_ones(dataset):
+    limits = {"autoscale": True, "max_workers": 3, "prefetch_splits": 2}
+    setup = setup_for(dataset, workers=1, max_epochs=None, extra_split_s=0.2, limits=limits)
+    with DppService(setup) as svc:
+        c = svc.clients[0]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 3.5:  # a trainer that wants more than one worker gives
+            c.next_arrays()
+        grown = svc.stats()
+        time.sleep(3.5)  # the trainer pauses: buffers fill, nobody waits
+        shrunk = svc.stats()
+    assert grown.workers_added >= 1 and grown.workers >= 2
+    assert shrunk.workers_retired >= 1 and shrunk.workers < grown.workers

@@ -33,6 +33,8 @@ MAX_RESTARTS_PER_WORKER = 8
 # Online scaling: decide once per period; add a worker when clients waited more than this fraction of it.
 AUTOSCALE_PERIOD_S = 1.0
 AUTOSCALE_STALL_FRACTION = 0.05
+# ... and retire one when they waited less than this fraction while the buffer was full.
+AUTOSCALE_IDLE_FRACTION = 0.001
 # How long to wait for workers to exit on close before killing them (seconds).
 CLOSE_GRACE_S = 2.0
 
@@ -278,7 +280,7 @@ class LocalDppService(ServiceCore):
         if stall > AUTOSCALE_STALL_FRACTION and len(active) < limits.max_workers and not self.queue.exhausted:
             self._spawn()
             self.counters.workers_added += 1
-        elif stall == 0.0 and full and len(active) > 1:
+        elif stall < AUTOSCALE_IDLE_FRACTION and full and len(active) > 1:
             victim = next((w for w in active if w.task is None), active[-1])
             victim.retiring = True
             self.counters.workers_retired += 1
