@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,8 +17,7 @@ import pytest
 
 from neocfg.config.model import TableConfig
 from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits
-from neocfg.data.dpp.client import EndOfData
-from neocfg.data.dpp.progress import Position, Task
+from neocfg.data.dpp.progress import Position
 from neocfg.data.dpp.service import DppService
 from neocfg.data.dpp.worker import SplitReader, WorkerSpec
 from neocfg.data.source import make_source
@@ -202,7 +200,8 @@ def test_schema_not_matching_the_model(broken):
     other = small_cfg(directory)
     other.model.tables.append(TableConfig(name="t8", num_embeddings=10, embedding_dim=16))
     with DppService(setup_for(other, workers=1), DppBackendKind.inline) as svc:
-        with pytest.raises(DataError, match=r"part-0000\d.parquet split \d+ \(row group \d\): column 'sparse_t8' is missing.*does not match"):
+        with pytest.raises(DataError, match=r"part-0000\d.parquet split \d+ \(row group \d\): "
+                                            r"column 'sparse_t8' is missing.*does not match"):
             drain(svc.clients)
 
 

@@ -102,7 +102,7 @@ class Split:
     rows: int
 
     @property
-    def label(self) -> str:
+    def where(self) -> str:
         return f"{self.path} split {self.index} (row group {self.row_group})"
 
 

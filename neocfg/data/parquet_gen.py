@@ -26,8 +26,8 @@ from tqdm import tqdm
 
 from neocfg.config.dsi import TransformConfig
 from neocfg.config.schema import NeocfgConfig
-from neocfg.data.dataset import (MANIFEST_NAME, LABEL_COLUMN, SAMPLE_ID_COLUMN, FeatureColumns, FileEntry, Manifest,
-                                 dense_column, extra_column, resolve_path, sparse_column)
+from neocfg.data.dataset import (LABEL_COLUMN, MANIFEST_NAME, SAMPLE_ID_COLUMN, FeatureColumns, FileEntry, Manifest,
+                                 extra_column, resolve_path)
 from neocfg.data.source import EVAL_FIRST_SAMPLE
 from neocfg.data.synthetic import SyntheticData
 from neocfg.data.transforms import hashed, normalization_of

@@ -13,13 +13,13 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 from neocfg.data.dpp.backend import DppStats, ServiceCore, ServiceSetup
 from neocfg.data.dpp.progress import Task
-from neocfg.data.dpp.worker import SplitResult, worker_main
+from neocfg.data.dpp.worker import Msg, SplitResult, worker_main
 from neocfg.errors import DataError
 
 # Spawned, not forked: the owner is a trainer with torch and threads, which fork does not copy safely.
@@ -48,7 +48,6 @@ class _Worker:
     retiring: bool = False
     task: Optional[Task] = None
     since: float = 0.0
-    busy_s: float = field(default=0.0)
 
 
 @dataclass(frozen=True)
@@ -191,14 +190,14 @@ class LocalDppService(ServiceCore):
             self._gone(w, _exit_reason(w))
             return
         kind = msg[0]
-        if kind == "ready":
+        if kind is Msg.ready:
             w.ready = True
             return
         task, w.task = w.task, None
         with self.cond:
             if task is not None:
                 self.in_flight.pop(w.wid, None)
-        if kind == "result":
+        if kind is Msg.result:
             self.on_result(msg[1])
         else:
             self.on_error(msg[1], msg[2])
@@ -227,7 +226,8 @@ class LocalDppService(ServiceCore):
             self.in_flight.pop(w.wid, None)
             self.counters.worker_restarts += 1
             if self.counters.worker_restarts > MAX_RESTARTS_PER_WORKER * max(self.setup.workers, 1):
-                self.fatal = self.fatal or f"DPP: workers keep dying ({self.counters.worker_restarts} restarts; last: {reason})"
+                restarts = self.counters.worker_restarts
+                self.fatal = self.fatal or f"DPP: workers keep dying ({restarts} restarts; last: {reason})"
                 self.cond.notify_all()
                 return
         if not self._stop.is_set():
@@ -237,9 +237,10 @@ class LocalDppService(ServiceCore):
         key = (task.epoch, task.split.index)
         self._attempts[key] = self._attempts.get(key, 0) + 1
         if self._attempts[key] >= MAX_SPLIT_ATTEMPTS:
-            self.on_error(task, f"{task.split.label}: killed {MAX_SPLIT_ATTEMPTS} workers (last: {reason})")
+            self.on_error(task, f"{task.split.where}: killed {MAX_SPLIT_ATTEMPTS} workers (last: {reason})")
         else:
-            self.queue.requeue(task)
+            with self.cond:  # clients read the queue's state (finished) under the same lock
+                self.queue.requeue(task)
 
     def _kill_overdue(self) -> None:
         now = time.monotonic()

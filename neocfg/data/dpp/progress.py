@@ -44,9 +44,11 @@ class Position:
 
     def to_state(self) -> dict[str, Any]:
         """JSON- and torch.save-friendly."""
+        def partial(p: EpochProgress) -> list[dict[str, Any]]:
+            return [{"split": s, "ranges": [list(r) for r in rs]} for s, rs in sorted(p.partial.items())]
+
         return {"last_epoch": self.last_epoch,
-                "epochs": [{"epoch": e, "done": sorted(p.done),
-                            "partial": [{"split": s, "ranges": [list(r) for r in rs]} for s, rs in sorted(p.partial.items())]}
+                "epochs": [{"epoch": e, "done": sorted(p.done), "partial": partial(p)}
                            for e, p in sorted(self.epochs.items())]}
 
     @staticmethod

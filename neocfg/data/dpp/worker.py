@@ -6,7 +6,7 @@ client wraps the arrays as tensors without copying.
 
 Wire protocol over the worker's own pipe (messages are whole pickles, so a worker killed mid-send leaves a short
 message that the master's recv reports as an error, never a half-read result):
-  worker -> master: ("ready", worker_id), ("result", SplitResult), ("error", Task, message)
+  worker -> master: (Msg.ready, worker_id), (Msg.result, SplitResult), (Msg.error, Task, message)
   master -> worker: a Task, or None to stop
 """
 
@@ -17,6 +17,7 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from multiprocessing.connection import Connection
 from typing import Optional
 
@@ -31,6 +32,14 @@ from neocfg.errors import DataError
 
 # How often an idle worker checks that its master's process still exists (seconds).
 PARENT_CHECK_S = 1.0
+
+
+class Msg(Enum):
+    """Kinds of worker -> master messages."""
+
+    ready = "ready"
+    result = "result"
+    error = "error"
 
 
 @dataclass(frozen=True)
@@ -98,31 +107,31 @@ class SplitReader:
             try:
                 f = _CountingFile(split.path)
             except FileNotFoundError:
-                raise DataError(f"{split.label}: file not found") from None
+                raise DataError(f"{split.where}: file not found") from None
             except OSError as exc:
-                raise DataError(f"{split.label}: cannot open ({exc.strerror})") from None
+                raise DataError(f"{split.where}: cannot open ({exc.strerror})") from None
             try:
                 self._files[split.path] = (f, pq.ParquetFile(f))
             except (pa.ArrowException, OSError) as exc:
                 f.close()
-                raise DataError(f"{split.label}: not a readable Parquet file ({_first_line(exc)})") from None
+                raise DataError(f"{split.where}: not a readable Parquet file ({_first_line(exc)})") from None
         return self._files[split.path]
 
     def read(self, split: Split) -> tuple[pa.Table, int]:
         f, pf = self._open(split)
         before = f.bytes_read
         if split.row_group >= pf.num_row_groups:
-            raise DataError(f"{split.label}: the file has only {pf.num_row_groups} row groups")
+            raise DataError(f"{split.where}: the file has only {pf.num_row_groups} row groups")
         columns = self.spec.columns.projected if self.spec.project else None
         if columns is not None:
             missing = [c for c in columns if c not in pf.schema_arrow.names]
             if missing:
-                raise DataError(f"{split.label}: column {missing[0]!r} is missing (the model needs it); the file's"
+                raise DataError(f"{split.where}: column {missing[0]!r} is missing (the model needs it); the file's"
                                 f" schema does not match the model")
         try:
             table = pf.read_row_group(split.row_group, columns=columns, use_threads=False)
         except (pa.ArrowException, OSError) as exc:
-            raise DataError(f"{split.label}: cannot read ({_first_line(exc)})") from None
+            raise DataError(f"{split.where}: cannot read ({_first_line(exc)})") from None
         return table, f.bytes_read - before
 
     def process(self, task: Task) -> SplitResult:
@@ -130,9 +139,9 @@ class SplitReader:
         split = task.split
         table, nbytes = self.read(split)
         if table.num_rows != split.rows:
-            raise DataError(f"{split.label}: has {table.num_rows} rows, the manifest says {split.rows}")
-        rows = apply(from_arrow(table, self.spec.columns, split.label), list(self.spec.transforms))
-        arrays = to_batch_arrays(rows, self.spec.columns, split.label)
+            raise DataError(f"{split.where}: has {table.num_rows} rows, the manifest says {split.rows}")
+        rows = apply(from_arrow(table, self.spec.columns, split.where), list(self.spec.transforms))
+        arrays = to_batch_arrays(rows, self.spec.columns, split.where)
         if self.spec.extra_split_s:
             time.sleep(self.spec.extra_split_s)
         pieces = []
@@ -159,7 +168,7 @@ def worker_main(conn: Connection, spec: WorkerSpec, worker_id: int, parent_pid: 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then stops us
     reader = SplitReader(spec)
     try:
-        conn.send(("ready", worker_id))
+        conn.send((Msg.ready, worker_id))
         while True:
             if not conn.poll(PARENT_CHECK_S):
                 if os.getppid() != parent_pid:
@@ -169,11 +178,11 @@ def worker_main(conn: Connection, spec: WorkerSpec, worker_id: int, parent_pid: 
             if task is None:
                 return
             try:
-                conn.send(("result", reader.process(task)))
+                conn.send((Msg.result, reader.process(task)))
             except DataError as exc:
-                conn.send(("error", task, str(exc)))
+                conn.send((Msg.error, task, str(exc)))
             except Exception as exc:  # noqa: BLE001 - any failure on a split is reported as that split's error
-                conn.send(("error", task, f"{task.split.label}: {type(exc).__name__}: {_first_line(exc)}"))
+                conn.send((Msg.error, task, f"{task.split.where}: {type(exc).__name__}: {_first_line(exc)}"))
     except (EOFError, OSError, BrokenPipeError):
         return  # the master is gone
     finally:
