@@ -1,8 +1,8 @@
 """Progress bookkeeping of the DPP service, free of processes and threads (unit-testable on its own).
 
-Position   how far the trainers got: for each epoch not yet complete, the splits whose rows were all delivered and,
-           for splits delivered in part, the row ranges still owed. Rows of a split are numbered in their order after
-           the transforms, which is deterministic, so a range names the same samples on every re-read.
+Position   how far the trainers got: for each epoch not yet complete, the splits whose rows were all delivered, and
+           the row ranges received but still owed. Rows of a split are numbered in their order after the transforms,
+           which is deterministic, so a range names the same samples on every re-read.
 SplitQueue the master's queue of tasks (epoch, split, ranges to deliver): epochs in a seeded shuffled split order,
            an epoch's tasks queued only once the previous epoch's are all handed out, requeued tasks first.
 Tracker    a client's record of what it received and delivered, from which it reports its Position.
@@ -29,49 +29,55 @@ class Task:
     keep: Optional[Ranges] = None
 
 
-@dataclass
-class EpochProgress:
-    done: set[int] = field(default_factory=set)
-    partial: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+# (epoch, split, start row, stop row): a range of a split's rows (numbered after the transforms).
+RowRange = tuple[int, int, int, int]
 
 
 @dataclass
 class Position:
-    """Where delivery stands. `last_epoch` is the newest epoch anything was received from (-1: none)."""
+    """Where delivery stands.
+
+    last_epoch  the newest epoch anything was received from (-1: none)
+    done        per unfinished epoch, the splits whose rows were all delivered
+    pending     the row ranges received but not delivered, in the order the client would have handed them out; a
+                resumed client hands them out first and in that order, so with one worker per service a resumed run
+                sees exactly the batches of an uninterrupted one
+    """
 
     last_epoch: int = -1
-    epochs: dict[int, EpochProgress] = field(default_factory=dict)
+    done: dict[int, set[int]] = field(default_factory=dict)
+    pending: list[RowRange] = field(default_factory=list)
+
+    def partial(self) -> dict[tuple[int, int], list[tuple[int, int]]]:
+        """(epoch, split) -> its owed (start, stop) ranges, in order of first appearance in `pending`."""
+        out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for e, s, a, b in self.pending:
+            out.setdefault((e, s), []).append((a, b))
+        return out
 
     def to_state(self) -> dict[str, Any]:
         """JSON- and torch.save-friendly."""
-        def partial(p: EpochProgress) -> list[dict[str, Any]]:
-            return [{"split": s, "ranges": [list(r) for r in rs]} for s, rs in sorted(p.partial.items())]
-
         return {"last_epoch": self.last_epoch,
-                "epochs": [{"epoch": e, "done": sorted(p.done), "partial": partial(p)}
-                           for e, p in sorted(self.epochs.items())]}
+                "done": [{"epoch": e, "splits": sorted(d)} for e, d in sorted(self.done.items())],
+                "pending": [list(r) for r in self.pending]}
 
     @staticmethod
     def from_state(state: dict[str, Any]) -> "Position":
-        epochs = {int(e["epoch"]): EpochProgress(done={int(s) for s in e["done"]},
-                                                  partial={int(p["split"]): [(int(a), int(b)) for a, b in p["ranges"]]
-                                                           for p in e["partial"]})
-                  for e in state["epochs"]}
-        return Position(last_epoch=int(state["last_epoch"]), epochs=epochs)
+        return Position(last_epoch=int(state["last_epoch"]),
+                        done={int(d["epoch"]): {int(s) for s in d["splits"]} for d in state["done"]},
+                        pending=[(int(e), int(s), int(a), int(b)) for e, s, a, b in state["pending"]])
 
     @staticmethod
     def merge(positions: list["Position"], num_splits: int) -> "Position":
         """The position of several clients of one service (each split went to exactly one of them)."""
         out = Position(last_epoch=max([p.last_epoch for p in positions], default=-1))
         for p in positions:
-            for e, ep in p.epochs.items():
-                mine = out.epochs.setdefault(e, EpochProgress())
-                mine.done |= ep.done
-                mine.partial.update(ep.partial)
+            for e, d in p.done.items():
+                out.done.setdefault(e, set()).update(d)
+            out.pending += p.pending
         # Each client lists every epoch up to its newest until it is complete; an epoch absent everywhere is.
-        for e in list(out.epochs):
-            if len(out.epochs[e].done) == num_splits:
-                del out.epochs[e]
+        for e in [e for e, d in out.done.items() if len(d) == num_splits]:
+            del out.done[e]
         return out
 
 
@@ -86,20 +92,21 @@ class SplitQueue:
     def __init__(self, splits: list[Split], seed: int, max_epochs: Optional[int], start: Position) -> None:
         self.splits, self.seed, self.max_epochs = splits, seed, max_epochs
         self.todo: deque[Task] = deque()
-        for e in sorted(start.epochs):
-            self._queue_epoch(e, start.epochs[e])
+        partial = start.partial()
+        for (e, s), ranges in partial.items():  # what the client held first, in its order
+            self.todo.append(Task(epoch=e, split=splits[s], keep=tuple(ranges)))
+        for e in sorted(start.done):
+            self._queue_epoch(e, start.done[e] | {s for pe, s in partial if pe == e})
         self.next_epoch = start.last_epoch + 1
 
-    def _queue_epoch(self, epoch: int, progress: EpochProgress) -> None:
+    def _queue_epoch(self, epoch: int, skip: set[int]) -> None:
         for i in epoch_order(len(self.splits), epoch, self.seed):
-            if i in progress.done:
-                continue
-            keep = tuple(tuple(r) for r in progress.partial[i]) if i in progress.partial else None
-            self.todo.append(Task(epoch=epoch, split=self.splits[i], keep=keep))
+            if i not in skip:
+                self.todo.append(Task(epoch=epoch, split=self.splits[i]))
 
     def next(self) -> Optional[Task]:
         if not self.todo and (self.max_epochs is None or self.next_epoch < self.max_epochs):
-            self._queue_epoch(self.next_epoch, EpochProgress())
+            self._queue_epoch(self.next_epoch, set())
             self.next_epoch += 1
         return self.todo.popleft() if self.todo else None
 
@@ -117,7 +124,7 @@ class Tracker:
     def __init__(self, num_splits: int, start: Position) -> None:
         self.num_splits = num_splits
         self.last_epoch = start.last_epoch
-        self.done: dict[int, set[int]] = {e: set(p.done) for e, p in start.epochs.items()}
+        self.done: dict[int, set[int]] = {e: set(d) for e, d in start.done.items()}
         # Rows still owed per (epoch, split): received but not yet delivered.
         self.owed: dict[tuple[int, int], int] = {}
         self.seen: dict[int, set[int]] = {}
@@ -152,13 +159,7 @@ class Tracker:
             del self.done[epoch]
             self.seen.pop(epoch, None)
 
-    def position(self, pending: list[tuple[int, int, int, int]]) -> Position:
-        """`pending`: (epoch, split, start, stop) of every row range received but not delivered."""
-        pos = Position(last_epoch=self.last_epoch, epochs={e: EpochProgress(done=set(d)) for e, d in self.done.items()})
-        for epoch, split, start, stop in pending:
-            ep = pos.epochs.setdefault(epoch, EpochProgress())
-            ep.partial.setdefault(split, []).append((start, stop))
-        for ep in pos.epochs.values():
-            for rs in ep.partial.values():
-                rs.sort()
-        return pos
+    def position(self, pending: list[RowRange]) -> Position:
+        """`pending`: every row range received but not delivered, in hand-out order."""
+        return Position(last_epoch=self.last_epoch, done={e: set(d) for e, d in self.done.items()},
+                        pending=list(pending))

@@ -15,6 +15,8 @@ class DppService:
         n = len(setup.splits)
         self.clients = [DppClient(self.backend, i, setup.spec.batch_size, Tracker(n, setup.start),
                                   setup.limits.stall_timeout_s) for i in range(setup.num_clients)]
+        if setup.num_clients == 1:  # several clients share the owed splits however they come: no order to keep
+            self.clients[0].resume_order(setup.start.pending)
 
     def start(self) -> "DppService":
         self.backend.start()
