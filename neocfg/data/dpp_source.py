@@ -68,13 +68,15 @@ class DppSource:
         self.setup = dataclasses.replace(self.setup, start=Position.from_state(state[STATE_KEY]))
 
     def stats(self) -> dict[str, Any]:
-        """Flat keys. data_stall_fraction = data_wait_seconds / wall seconds since the first next_batch call."""
+        """Flat keys, per rank. data_wait_seconds: all time spent in next_batch; data_first_batch_seconds: the first
+        call's part of it (worker start-up); data_stall_fraction: the rest over the wall time since the first batch."""
         if self.service is None:
-            return {"data_wait_seconds": 0.0, "data_stall_fraction": 0.0, "samples_delivered": 0,
-                    "duplicate_samples": 0, "skipped_splits": 0, "dpp.workers": 0, "dpp.worker_restarts": 0,
-                    "dpp.bytes_read": 0, "dpp.workers_source": self.workers.source.value}
+            return {"data_wait_seconds": 0.0, "data_first_batch_seconds": 0.0, "data_stall_fraction": 0.0,
+                    "samples_delivered": 0, "duplicate_samples": 0, "skipped_splits": 0, "dpp.workers": 0,
+                    "dpp.worker_restarts": 0, "dpp.bytes_read": 0, "dpp.workers_source": self.workers.source.value}
         c, s = self.service.clients[0], self.service.stats()
-        return {"data_wait_seconds": c.wait_s, "data_stall_fraction": c.stall_fraction,
+        return {"data_wait_seconds": c.wait_s, "data_first_batch_seconds": c.first_wait_s or 0.0,
+                "data_stall_fraction": c.stall_fraction,
                 "samples_delivered": c.delivered, "duplicate_samples": c.tracker.duplicates,
                 "skipped_splits": s.splits_skipped, "dpp.workers": s.workers, "dpp.worker_restarts": s.worker_restarts,
                 "dpp.workers_added": s.workers_added, "dpp.workers_retired": s.workers_retired,

@@ -47,19 +47,21 @@ class DppClient:
         self.wait_s = 0.0
         self.delivered = 0
         self.skipped = 0
-        self.first_call: float | None = None
+        # The first batch waits for the workers to start; the steady-state stall is measured after it.
+        self.first_wait_s: float | None = None
+        self.first_return: float | None = None
 
     def next_arrays(self) -> BatchArrays:
         """The next batch: exactly batch_size rows (a finite service's very last batch may be shorter)."""
         t0 = time.perf_counter()
-        if self.first_call is None:
-            self.first_call = t0
         try:
             return self._next()
         finally:
-            waited = time.perf_counter() - t0
-            self.wait_s += waited
-            self.backend.report_wait(self.index, waited)
+            t1 = time.perf_counter()
+            self.wait_s += t1 - t0
+            self.backend.report_wait(self.index, t1 - t0)
+            if self.first_return is None:
+                self.first_wait_s, self.first_return = t1 - t0, t1
 
     def resume_order(self, pending: list[RowRange]) -> None:
         """Hand out these owed ranges first, in this order (a Position's `pending`; single-client services)."""
@@ -150,7 +152,8 @@ class DppClient:
 
     @property
     def stall_fraction(self) -> float:
-        """Wait time over the wall time since the first request: the share of the trainer loop spent on data."""
-        if self.first_call is None:
+        """Steady-state share of the trainer's time spent waiting for data: wait after the first batch over the wall
+        time since the first batch came back (the first one waits for worker start-up, reported on its own)."""
+        if self.first_return is None:
             return 0.0
-        return self.wait_s / max(time.perf_counter() - self.first_call, 1e-9)
+        return (self.wait_s - self.first_wait_s) / max(time.perf_counter() - self.first_return, 1e-9)
