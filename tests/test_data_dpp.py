@@ -297,3 +297,19 @@ def test_online_scaling_adds_workers_while_clients_stall_and_retires_idle_ones(d
         shrunk = svc.stats()
     assert grown.workers_added >= 1 and grown.workers >= 2
     assert shrunk.workers_retired >= 1 and shrunk.workers < grown.workers
+
+
+def test_a_failed_master_is_reported_to_clients_at_once(dataset):
+    with DppService(setup_for(dataset, workers=1, max_epochs=None)) as svc:
+        c = svc.clients[0]
+        c.next_arrays()
+
+        def broken() -> None:
+            raise RuntimeError("lost its state")
+
+        svc.backend._assign = broken
+        t0 = time.monotonic()
+        with pytest.raises(DataError, match="DPP master failed: RuntimeError: lost its state"):
+            for _ in range(10_000):
+                c.next_arrays()
+        assert time.monotonic() - t0 < 2.0

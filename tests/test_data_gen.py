@@ -54,7 +54,7 @@ def test_gen_data_cli_writes_dataset_relative_to_start_dir(cli, tmp_path):
 
 def test_gen_data_needs_a_path(cli):
     r = cli("mode=gen_data")
-    assert r.returncode == 4 and r.stderr.count("\n") == 1 and "dsi.path" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "dsi.path=None is invalid" in r.stderr
 
 
 def test_stored_raw_values_need_the_transforms_and_come_back_as_the_synthetic_features(tmp_path):

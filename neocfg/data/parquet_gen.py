@@ -31,7 +31,7 @@ from neocfg.data.dataset import (LABEL_COLUMN, MANIFEST_NAME, SAMPLE_ID_COLUMN, 
 from neocfg.data.source import EVAL_FIRST_SAMPLE
 from neocfg.data.synthetic import SyntheticData
 from neocfg.data.transforms import hashed, normalization_of
-from neocfg.errors import DataError
+from neocfg.errors import ConfigError, DataError
 from neocfg.types import TransformOp
 from neocfg.units import fmt_bytes
 
@@ -161,7 +161,7 @@ def _replace(target: Path, tmp: Path) -> None:
 
 def write_dataset(cfg: NeocfgConfig) -> GenReport:
     if not cfg.dsi.path:
-        raise DataError("dsi.path: a dataset directory is required for mode=gen_data (e.g. dsi=parquet_local)")
+        raise ConfigError("dsi.path", None, "mode=gen_data needs a dataset directory (e.g. dsi=parquet_local)")
     target = resolve_path(cfg.dsi.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
