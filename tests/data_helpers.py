@@ -14,7 +14,7 @@ from neocfg.data.dpp.client import DppClient, EndOfData
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.data.parquet_gen import write_dataset
 from neocfg.data.transforms import bind
-from tests.conftest import compose_cfg
+from conftest import compose_cfg
 
 SMALL = ["dsi=parquet_local", "dsi.num_samples=6000", "dsi.eval_samples=800", "dsi.num_files=3",
          "dsi.row_groups_per_file=4", "train.batch_size=128"]

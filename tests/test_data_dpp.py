@@ -24,7 +24,7 @@ from neocfg.data.source import make_source
 from neocfg.data.transforms import bind
 from neocfg.errors import DataError
 from neocfg.types import DppBackendKind, OnBadSplit
-from tests.data_helpers import drain, labeled_ids, make_dataset, setup_for, small_cfg
+from data_helpers import drain, labeled_ids, make_dataset, setup_for, small_cfg
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -241,8 +241,8 @@ def test_workers_exit_when_the_master_process_dies(broken, tmp_path):
     script = tmp_path / "owner.py"
     script.write_text(textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {str(REPO)!r})
-        from tests.data_helpers import small_cfg, setup_for
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
+        from data_helpers import small_cfg, setup_for
         from neocfg.data.dpp.service import DppService
         if __name__ == "__main__":
             svc = DppService(setup_for(small_cfg({str(directory)!r}), workers=2, max_epochs=None)).start()

@@ -18,7 +18,7 @@ from neocfg.data.source import EVAL_FIRST_SAMPLE
 from neocfg.data.synthetic import SyntheticData
 from neocfg.data.transforms import bind
 from neocfg.errors import DataError
-from tests.data_helpers import make_dataset, small_cfg
+from data_helpers import make_dataset, small_cfg
 
 
 def test_gen_data_cli_writes_dataset_relative_to_start_dir(cli, tmp_path):

@@ -6,7 +6,7 @@ import dataclasses
 
 from neocfg.data.dpp.sizing import WorkerCountSource, worker_count, workers_needed
 from neocfg.plan import DppSizing
-from tests.conftest import compose_cfg
+from conftest import compose_cfg
 
 
 def _plan_with_dpp(workers: int):

@@ -12,7 +12,7 @@ from neocfg.data.dataset import FeatureColumns
 from neocfg.data.transforms import LOG_FLOOR, IdLists, SplitRows, apply, bind, to_batch_arrays
 from neocfg.errors import ConfigError, DataError
 from neocfg.types import FilterCmp, TransformOp
-from tests.conftest import compose_cfg
+from conftest import compose_cfg
 
 NAN = float("nan")
 COLS = FeatureColumns(dense=("dense_0", "dense_1"), sparse=("sparse_a", "sparse_b"), table_rows=(10, 1000))
