@@ -74,6 +74,7 @@ class LocalDppService(ServiceCore):
         self._next_wid = 0
         self._attempts: dict[tuple[int, int], int] = {}
         self._stop = threading.Event()
+        self._closed = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="dpp-master", daemon=True)
@@ -97,6 +98,9 @@ class LocalDppService(ServiceCore):
         self.workers[wid] = _Worker(wid=wid, proc=proc, conn=parent)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         self._wake()
         if self._thread.is_alive():
