@@ -313,3 +313,16 @@ def test_a_failed_master_is_reported_to_clients_at_once(dataset):
             for _ in range(10_000):
                 c.next_arrays()
         assert time.monotonic() - t0 < 2.0
+
+
+def test_position_taken_before_the_first_batch_after_a_resume_keeps_what_is_owed(dataset):
+    with DppService(setup_for(dataset, workers=1)) as svc:
+        first = [svc.clients[0].next_arrays().sample_ids for _ in range(9)]
+        pos = svc.position()
+    with DppService(setup_for(dataset, workers=1, start=pos)) as svc:
+        again = svc.position()  # checkpoint again before taking anything
+    assert again.pending == pos.pending and again.done == pos.done
+    with DppService(setup_for(dataset, workers=1, start=again)) as svc:
+        rest = drain(svc.clients)
+    ids = np.concatenate(first + rest)
+    assert len(ids) == len(set(ids.tolist())) and set(ids.tolist()) == labeled_ids(Path(dataset.dsi.path))

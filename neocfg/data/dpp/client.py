@@ -146,9 +146,9 @@ class DppClient:
         return batch
 
     def position(self) -> Position:
-        pending = [(h.epoch, h.split, h.piece.start, h.piece.start + h.piece.arrays.rows)
-                   for h in [*self.full, *self.tails]]
-        return self.tracker.position(pending)
+        held = [(h.epoch, h.split, h.piece.start, h.piece.start + h.piece.arrays.rows)
+                for h in [*self.full, *self.tails]]
+        return self.tracker.position([*self.restore, *held])  # ranges still being collected are owed too
 
     @property
     def stall_fraction(self) -> float:
