@@ -197,14 +197,13 @@ class LocalDppService(ServiceCore):
         if kind is Msg.ready:
             w.ready = True
             return
-        task, w.task = w.task, None
-        with self.cond:
-            if task is not None:
-                self.in_flight.pop(w.wid, None)
-        if kind is Msg.result:
-            self.on_result(msg[1])
-        else:
-            self.on_error(msg[1], msg[2])
+        w.task = None
+        with self.cond:  # one step, so that no client sees the split neither in flight nor finished
+            self.in_flight.pop(w.wid, None)
+            if kind is Msg.result:
+                self.on_result(msg[1])
+            else:
+                self.on_error(msg[1], msg[2])
         if w.retiring:
             self._retire_now(w)
 
