@@ -95,12 +95,12 @@ def test_sigkill_worker_mid_epoch_still_exactly_once_and_noticed_fast(dataset):
     assert deaths[0].noticed_at - killed_at < 1.0  # noticed within a second
 
 
-def test_resume_from_checkpointed_position(dataset):
+def test_resume_from_checkpointed_position(dataset, tmp_path):
     expected = labeled_ids(Path(dataset.dsi.path))
     with DppService(setup_for(dataset, workers=2)) as svc:
         before = [svc.clients[0].next_arrays().sample_ids for _ in range(13)]
-        state = json.loads(json.dumps(svc.position().to_state()))  # as a checkpoint file would hold it
-    pos = Position.from_state(state)
+        svc.checkpoint(tmp_path / "dpp.json")
+    pos = Position.load(tmp_path / "dpp.json")
     assert pos.pending and pos.done[0]  # mid-epoch: some splits delivered, some in part
     with DppService(setup_for(dataset, workers=2, start=pos)) as svc:
         after = drain(svc.clients)

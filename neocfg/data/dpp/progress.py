@@ -10,13 +10,16 @@ Tracker    a client's record of what it received and delivered, from which it re
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from neocfg.data.dataset import Split
+from neocfg.errors import DataError
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -66,6 +69,21 @@ class Position:
         return Position(last_epoch=int(state["last_epoch"]),
                         done={int(d["epoch"]): {int(s) for s in d["splits"]} for d in state["done"]},
                         pending=[(int(e), int(s), int(a), int(b)) for e, s, a, b in state["pending"]])
+
+    def save(self, path: Path) -> None:
+        """Write atomically: a crash leaves the previous checkpoint or this one, never half of one."""
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_state()) + "\n")
+        tmp.replace(path)
+
+    @staticmethod
+    def load(path: Path) -> "Position":
+        try:
+            return Position.from_state(json.loads(path.read_text()))
+        except FileNotFoundError:
+            raise DataError(f"{path}: no DPP checkpoint here") from None
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise DataError(f"{path}: not a DPP checkpoint ({type(exc).__name__}: {exc})") from None
 
     @staticmethod
     def merge(positions: list["Position"], num_splits: int) -> "Position":

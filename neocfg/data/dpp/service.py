@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from neocfg.data.dpp.backend import DppBackend, DppStats, ServiceSetup, make_backend
 from neocfg.data.dpp.client import DppClient
 from neocfg.data.dpp.progress import Position, Tracker
@@ -25,6 +27,12 @@ class DppService:
     def position(self) -> Position:
         """What all clients delivered: the point a new service (ServiceSetup.start) continues from."""
         return Position.merge([c.position() for c in self.clients], len(self.setup.splits))
+
+    def checkpoint(self, path: Path) -> Position:
+        """Save the service's position (the master's progress as the clients delivered it) to a JSON file."""
+        pos = self.position()
+        pos.save(path)
+        return pos
 
     def stats(self) -> DppStats:
         return self.backend.stats()
