@@ -30,7 +30,7 @@ from neocfg.data.dataset import (LABEL_COLUMN, MANIFEST_NAME, SAMPLE_ID_COLUMN, 
                                  extra_column, resolve_path)
 from neocfg.data.source import EVAL_FIRST_SAMPLE
 from neocfg.data.synthetic import SyntheticData
-from neocfg.data.transforms import hashed, normalization_of
+from neocfg.data.transforms import bind, hashed, normalization_of
 from neocfg.errors import ConfigError, DataError
 from neocfg.types import TransformOp
 from neocfg.units import fmt_bytes
@@ -162,6 +162,7 @@ def _replace(target: Path, tmp: Path) -> None:
 def write_dataset(cfg: NeocfgConfig) -> GenReport:
     if not cfg.dsi.path:
         raise ConfigError("dsi.path", None, "mode=gen_data needs a dataset directory (e.g. dsi=parquet_local)")
+    bind(cfg.dsi.transforms, FeatureColumns.for_model(cfg.model))  # a transform on the wrong kind of column fails here
     target = resolve_path(cfg.dsi.path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
