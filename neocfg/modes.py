@@ -21,6 +21,12 @@ def _plan(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     return run(cfg, run_dir)
 
 
+def _train(cfg: NeocfgConfig, run_dir: Path | None) -> object:
+    from neocfg.runtime.run import run
+
+    return run(cfg, run_dir)
+
+
 def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     from neocfg.data.parquet_gen import run
 
@@ -30,6 +36,7 @@ def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:
 MODES: dict[Mode, Callable[[NeocfgConfig, Path | None], object]] = {
     Mode.describe: _describe,
     Mode.plan: _plan,
+    Mode.train: _train,
     Mode.gen_data: _gen_data,
 }
 

@@ -11,6 +11,7 @@ from enum import Enum
 class Mode(Enum):
     describe = "describe"
     plan = "plan"
+    train = "train"
     gen_data = "gen_data"
 
 

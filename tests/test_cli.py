@@ -45,7 +45,7 @@ def test_user_preset_via_config_dir(cli, tmp_path):
     (user / "hardware" / "mybox.yaml").write_text(
         "name: mybox\nnodes: 2\ndevices_per_node: 4\ndevice: {hbm_gib: 16, hbm_bandwidth_gbs: 900}\n"
         "host: {ddr_gib: 256, ddr_bandwidth_gbs: 100}\nintra_node_bandwidth_gbs: 300\ninter_node_bandwidth_gbs: 12.5\n")
-    r = cli("--config-dir", str(user), "model=mymodel", "hardware=mybox")
+    r = cli("--config-dir", str(user), "mode=describe", "model=mymodel", "hardware=mybox")
     assert r.returncode == 0, r.stderr
     assert "model mymodel: 1 tables" in r.stdout and "world size 8" in r.stdout
 

@@ -56,7 +56,7 @@ def test_overrides_apply():
     assert cfg.hardware.num_devices == 4
     assert cfg.train.batch_size == 64
     assert cfg.planner.algorithm.value == "greedy"
-    assert cfg.mode is Mode.describe
+    assert cfg.mode is Mode.train  # the default job
 
 
 def test_node_count_override_works_on_presets():

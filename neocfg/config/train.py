@@ -25,6 +25,8 @@ class TrainConfig:
     checkpoint_every: int = 0
     checkpoint_dir: Optional[str] = None
     resume: bool = False
+    # A collective that waits longer than this fails the job instead of hanging (a dead or stuck rank).
+    collective_timeout_s: float = 300.0
 
     def check(self, key: str = "train") -> None:
         checks.positive(f"{key}.batch_size", self.batch_size)
@@ -34,3 +36,4 @@ class TrainConfig:
         checks.positive(f"{key}.sparse_learning_rate", self.sparse_learning_rate)
         checks.positive(f"{key}.log_every", self.log_every)
         checks.non_negative(f"{key}.checkpoint_every", self.checkpoint_every)
+        checks.positive(f"{key}.collective_timeout_s", self.collective_timeout_s)

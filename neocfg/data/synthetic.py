@@ -9,6 +9,7 @@ of a hidden per-id score: a model with embeddings can learn it, a constant predi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,8 @@ from neocfg.batch import Batch
 from neocfg.config.model import ModelConfig
 
 CHUNK_SIZE = 4096
+# Chunks kept per process: a trainer reads consecutive batches, which share a chunk until it is used up.
+CHUNKS_CACHED = 4
 # Scale of the hidden logit: with unit-variance dense and sparse parts this gives a Bayes AUC of about 0.85.
 LOGIT_SCALE = 2.0
 # Multipliers of the rank -> id permutation (primes; the second is used when the first divides the table size).
@@ -51,10 +54,13 @@ class SyntheticData:
 
     def id_score(self, table: int, ids: np.ndarray) -> np.ndarray:
         """Hidden per-id score in [-1, 1)."""
-        h = (ids.astype(np.uint64) + np.uint64(table + 1) * np.uint64(0x632BE59BD9B4E019)) * _HASH_MULT
+        salt = np.uint64(((table + 1) * 0x632BE59BD9B4E019) % (1 << 64))  # wrap in Python: numpy warns on scalars
+        h = (ids.astype(np.uint64) + salt) * _HASH_MULT
         h ^= h >> np.uint64(29)
         return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53) * 2.0 - 1.0
 
+    # A batch smaller than a chunk would otherwise regenerate its whole chunk; callers only read (concatenate) these.
+    @functools.lru_cache(maxsize=CHUNKS_CACHED)
     def _chunk(self, chunk: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng([self.seed, chunk])
         n = CHUNK_SIZE

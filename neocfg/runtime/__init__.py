@@ -1,0 +1,1 @@
+"""The runtime: execute a Plan with torch.distributed and fused fbgemm embeddings, train a DLRM, checkpoint/resume."""

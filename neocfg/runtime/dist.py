@@ -1,0 +1,301 @@
+"""Input and output distribution of the sharded embeddings.
+
+Forward: the ids of every local sample go to the ranks that look them up (one all-to-all of lengths, one of
+values); the pooled outputs come back by all-to-all (TW/CW/TWCW/TWRW pieces), reduce-scatter (RW partial sums) and a
+local slice (DP replicas). Backward runs the reverse collectives in EmbeddingExchange.backward, in a fixed order on
+every rank, on a process group of its own (so DDP's asynchronous all-reduces of the dense gradients never interleave
+with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2a_bwd_dtype.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from neocfg.batch import Batch
+from neocfg.runtime.layout import Layout, OutputKind
+from neocfg.types import CommDtype
+
+TORCH_DTYPES = {CommDtype.fp32: torch.float32, CommDtype.fp16: torch.float16, CommDtype.bf16: torch.bfloat16}
+
+
+@dataclass
+class StepTimes:
+    """Milliseconds spent per category during one step on this rank."""
+
+    data_wait: float = 0.0
+    emb_fwd: float = 0.0
+    emb_bwd: float = 0.0
+    comm_input: float = 0.0
+    comm_fwd: float = 0.0
+    comm_bwd: float = 0.0
+    dense: float = 0.0
+    total: float = 0.0
+
+    def add(self, name: str, ms: float) -> None:
+        setattr(self, name, getattr(self, name) + ms)
+
+
+class Stopwatch:
+    """`with sw("comm_fwd"):` adds the block's wall time to sw.times.comm_fwd (syncs CUDA first when on a GPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.times = StepTimes()
+
+    def now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def __call__(self, name: str) -> "_Lap":
+        return _Lap(self, name)
+
+
+@dataclass
+class _Lap:
+    sw: Stopwatch
+    name: str
+    t0: float = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = self.sw.now()
+
+    def __exit__(self, *exc) -> None:
+        self.sw.times.add(self.name, (self.sw.now() - self.t0) * 1e3)
+
+
+@dataclass
+class Comm:
+    """The embedding process group and this rank's place in it."""
+
+    group: object
+    rank: int
+    world: int
+
+    def all_to_all(self, send: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
+        out = send.new_empty(sum(out_splits))
+        dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=self.group)
+        return out
+
+    def reduce_scatter(self, send: torch.Tensor) -> torch.Tensor:
+        """send: [world, n] -> the sum over ranks of send[rank]."""
+        out = send.new_empty(send.shape[1:])
+        dist.reduce_scatter_single(out.view(-1), send.contiguous().view(-1), group=self.group)
+        return out
+
+    def all_gather(self, piece: torch.Tensor) -> torch.Tensor:
+        out = piece.new_empty((self.world * piece.shape[0], *piece.shape[1:]))
+        dist.all_gather_single(out, piece.contiguous(), group=self.group)
+        return out.view(self.world, *piece.shape)
+
+
+# ---------------------------------------------------------------- ids: source ranks -> owner ranks
+
+
+@dataclass
+class LocalLookups:
+    """What this rank's TBE groups look up for one step: per group (indices, offsets); bags = world x B per feature."""
+
+    per_group: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+
+def route_ids(layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Lengths [sum_d F_d, B] and values for every destination's features, destination-major, plus the values
+    count per destination. Row-sharded features keep the ids in their row range, rebased to local rows."""
+    b = batch.batch_size
+    per_table = batch.lengths.sum(dim=1).tolist()
+    starts = [0]
+    for n in per_table:
+        starts.append(starts[-1] + n)
+    sample_of = [torch.repeat_interleave(torch.arange(b, device=batch.values.device), batch.lengths[t]) for t in range(batch.num_tables)]
+    lengths, values, counts = [], [], []
+    for r in layout.ranks:
+        count = 0
+        for s in r.features:
+            ids = batch.values[starts[s.table]:starts[s.table + 1]]
+            full = s.row_offset == 0 and s.num_rows == layout.rows[s.table]
+            if full:
+                lengths.append(batch.lengths[s.table])
+                values.append(ids)
+                count += ids.numel()
+            else:
+                mask = (ids >= s.row_offset) & (ids < s.row_offset + s.num_rows)
+                lengths.append(torch.bincount(sample_of[s.table][mask], minlength=b))
+                kept = ids[mask] - s.row_offset
+                values.append(kept)
+                count += kept.numel()
+        counts.append(count)
+    empty = batch.lengths.new_zeros((0, b))
+    return (torch.stack(lengths) if lengths else empty,
+            torch.cat(values) if values else batch.values.new_zeros(0), counts)
+
+
+def exchange_ids(layout: Layout, comm: Comm, batch: Batch) -> LocalLookups:
+    """Send every destination its features' ids; return this rank's lookups ordered for its TBE groups."""
+    b = batch.batch_size
+    lengths, values, counts = route_ids(layout, batch)
+    feats_per_rank = [len(r.features) for r in layout.ranks]
+    nf = feats_per_rank[layout.rank]
+    recv_len = comm.all_to_all(lengths.reshape(-1), [nf * b] * comm.world, [f * b for f in feats_per_rank])
+    recv_len = recv_len.view(comm.world, nf, b)
+    seg = recv_len.sum(dim=2)                                      # [W, F] ids per (source, feature)
+    recv_vals = comm.all_to_all(values, seg.sum(dim=1).tolist(), counts)
+    # Received order is (source, feature, sample); the TBE wants (feature, source, sample).
+    src_start = (torch.cumsum(seg.reshape(-1), 0) - seg.reshape(-1)).view(comm.world, nf)
+    seg_fs = seg.t().reshape(-1)
+    dst_start = torch.cumsum(seg_fs, 0) - seg_fs
+    total = int(seg_fs.sum())
+    pos = torch.arange(total, device=recv_vals.device) - torch.repeat_interleave(dst_start, seg_fs)
+    values_fs = recv_vals[torch.repeat_interleave(src_start.t().reshape(-1), seg_fs) + pos]
+    lengths_fs = recv_len.permute(1, 0, 2)                         # [F, W, B]
+    out, f0, v0 = LocalLookups(), 0, 0
+    for _, shards in layout.me.groups:
+        f1 = f0 + len(shards)
+        lens = lengths_fs[f0:f1].reshape(-1)
+        n = int(lens.sum())
+        offsets = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
+        out.per_group.append((values_fs[v0:v0 + n], offsets))
+        f0, v0 = f1, v0 + n
+    return out
+
+
+# ---------------------------------------------------------------- pooled outputs: owners -> source ranks
+
+
+@dataclass
+class NodeComms:
+    """Groups of the two-level (hierarchical) exchange: this rank's node, and the ranks of its local index."""
+
+    node: Comm
+    cross: Comm
+
+    @staticmethod
+    def build(world: int, rank: int, devices_per_node: int) -> "NodeComms":
+        """Collective: every rank creates every group, in the same order."""
+        per, nodes = devices_per_node, world // devices_per_node
+        backend = dist.get_backend()
+        node_groups = [dist.new_group(list(range(n * per, (n + 1) * per)), backend=backend) for n in range(nodes)]
+        cross_groups = [dist.new_group([m * per + j for m in range(nodes)], backend=backend) for j in range(per)]
+        return NodeComms(node=Comm(node_groups[rank // per], rank % per, per),
+                         cross=Comm(cross_groups[rank % per], rank // per, nodes))
+
+
+@dataclass
+class ExchangePlan:
+    """Static description of the output exchange for this rank (built once from the layout)."""
+
+    comm: Comm
+    batch_size: int
+    total_dim: int
+    a2a_widths: list[int]           # all_to_all columns held by each rank
+    a2a_target: torch.Tensor        # output columns of the received all_to_all pieces (source-major)
+    rs_target: torch.Tensor
+    dp_target: torch.Tensor
+    hier_target: torch.Tensor
+    hier_widths: list[int]          # hierarchical columns of each node
+    node_comms: Optional[NodeComms]
+    fwd_dtype: torch.dtype
+    bwd_dtype: torch.dtype
+    grad_scale: float               # 1/world: the global loss is the mean over the global batch
+    stopwatch: Stopwatch
+
+    @staticmethod
+    def build(layout: Layout, comm: Comm, batch_size: int, fwd: CommDtype, bwd: CommDtype,
+              stopwatch: Stopwatch) -> "ExchangePlan":
+        hier = layout.target_columns(OutputKind.hierarchical)
+        node_comms = NodeComms.build(comm.world, comm.rank, layout.devices_per_node) if hier.numel() else None
+        return ExchangePlan(
+            comm=comm, batch_size=batch_size, total_dim=layout.total_dim,
+            a2a_widths=[r.width(OutputKind.all_to_all) for r in layout.ranks],
+            a2a_target=layout.target_columns(OutputKind.all_to_all),
+            rs_target=layout.target_columns(OutputKind.reduce_scatter),
+            dp_target=layout.target_columns(OutputKind.replicated),
+            hier_target=hier, hier_widths=layout.hierarchical_widths(), node_comms=node_comms,
+            fwd_dtype=TORCH_DTYPES[fwd], bwd_dtype=TORCH_DTYPES[bwd], grad_scale=1.0 / comm.world,
+            stopwatch=stopwatch)
+
+
+class EmbeddingExchange(torch.autograd.Function):
+    """(a2a_part [W,B,A], rs_part [W,B,R], dp_part [W,B,P], hier_part [W,B,H]) on the owners -> pooled
+    [B, sum dims] on the sources."""
+
+    @staticmethod
+    def forward(ctx, xp: ExchangePlan, a2a_part: torch.Tensor, rs_part: torch.Tensor,
+                dp_part: torch.Tensor, hier_part: torch.Tensor) -> torch.Tensor:
+        ctx.xp = xp
+        comm, b = xp.comm, xp.batch_size
+        with xp.stopwatch("comm_fwd"):
+            out = a2a_part.new_zeros((b, xp.total_dim))
+            if xp.a2a_target.numel():
+                me = xp.a2a_widths[comm.rank]
+                recv = comm.all_to_all(a2a_part.to(xp.fwd_dtype).reshape(-1), [b * w for w in xp.a2a_widths],
+                                       [b * me] * comm.world).to(out.dtype)
+                pieces = [p.view(b, w) for p, w in zip(recv.split([b * w for w in xp.a2a_widths]), xp.a2a_widths)]
+                out.index_add_(1, xp.a2a_target, torch.cat(pieces, dim=1))
+            if xp.rs_target.numel():
+                summed = comm.reduce_scatter(rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)).to(out.dtype)
+                out.index_add_(1, xp.rs_target, summed.view(b, -1))
+            if xp.dp_target.numel():
+                out.index_add_(1, xp.dp_target, dp_part[comm.rank])
+            if xp.hier_target.numel():
+                out.index_add_(1, xp.hier_target, _hier_forward(xp, hier_part.to(xp.fwd_dtype)).to(out.dtype))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        xp: ExchangePlan = ctx.xp
+        comm, b = xp.comm, xp.batch_size
+        g = grad_out * xp.grad_scale
+        grads = [None, None, None, None, None]
+        with xp.stopwatch("comm_bwd"):
+            if xp.a2a_target.numel():
+                send = g.index_select(1, xp.a2a_target)               # [B, sum_s A_s], source-major pieces
+                pieces = [p.reshape(-1) for p in send.split(xp.a2a_widths, dim=1)]
+                me = xp.a2a_widths[comm.rank]
+                recv = comm.all_to_all(torch.cat(pieces).to(xp.bwd_dtype), [b * me] * comm.world,
+                                       [b * w for w in xp.a2a_widths])
+                grads[1] = recv.to(g.dtype).view(comm.world, b, me)
+            if xp.rs_target.numel():
+                piece = g.index_select(1, xp.rs_target).to(xp.bwd_dtype)
+                grads[2] = comm.all_gather(piece).to(g.dtype)
+            if xp.dp_target.numel():
+                piece = g.index_select(1, xp.dp_target).to(xp.bwd_dtype)
+                grads[3] = comm.all_gather(piece).to(g.dtype)
+            if xp.hier_target.numel():
+                piece = g.index_select(1, xp.hier_target).to(xp.bwd_dtype)
+                grads[4] = _hier_backward(xp, piece)
+                grads[4] = grads[4].to(g.dtype) if grads[4] is not None else None
+        return tuple(grads)
+
+
+def _hier_forward(xp: ExchangePlan, part: torch.Tensor) -> torch.Tensor:
+    """[W, B, C] partial sums of this node's TWRW tables -> [B, sum over nodes of C] for this rank's samples."""
+    nc, b = xp.node_comms, xp.batch_size
+    nodes, per = nc.cross.world, nc.node.world
+    width = xp.hier_widths[nc.cross.rank]
+    if width:  # sum over the node's owners; local rank j keeps the samples of the sources with local index j
+        by_dest = part.view(nodes, per, b, width).transpose(0, 1).reshape(per, -1)
+        mine = nc.node.reduce_scatter(by_dest)                                  # [nodes * B * C]
+    else:
+        mine = part.new_zeros(0)
+    recv = nc.cross.all_to_all(mine, [b * w for w in xp.hier_widths], [b * width] * nodes)
+    pieces = [p.view(b, w) for p, w in zip(recv.split([b * w for w in xp.hier_widths]), xp.hier_widths)]
+    return torch.cat(pieces, dim=1)
+
+
+def _hier_backward(xp: ExchangePlan, grad: torch.Tensor) -> Optional[torch.Tensor]:
+    """Reverse of _hier_forward: [B, sum C] gradients -> [W, B, C] for this node's owners."""
+    nc, b = xp.node_comms, xp.batch_size
+    nodes, per = nc.cross.world, nc.node.world
+    width = xp.hier_widths[nc.cross.rank]
+    send = torch.cat([p.reshape(-1) for p in grad.split(xp.hier_widths, dim=1)])
+    recv = nc.cross.all_to_all(send, [b * width] * nodes, [b * w for w in xp.hier_widths])
+    if not width:
+        return None
+    full = nc.node.all_gather(recv)                                             # [per, nodes * B * C]
+    return full.view(per, nodes, b, width).transpose(0, 1).reshape(nodes * per, b, width)

@@ -1,0 +1,145 @@
+"""This rank's embedding shards: one fused fbgemm TBE per (weights precision, memory tier) group, the sparse
+optimizer fused into its backward, fed by the id exchange and returning through EmbeddingExchange."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+    ComputeDevice, EmbeddingLocation, SplitTableBatchedEmbeddingBagsCodegen)
+
+from neocfg.batch import Batch
+from neocfg.config.train import TrainConfig
+from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch, exchange_ids
+from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
+from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
+
+FUSED_OPTIMIZERS = {
+    SparseOptimizer.exact_rowwise_adagrad: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+    SparseOptimizer.exact_adagrad: EmbOptimType.EXACT_ADAGRAD,
+    SparseOptimizer.exact_sgd: EmbOptimType.EXACT_SGD,
+}
+WEIGHTS_PRECISION = {WeightsDtype.fp32: SparseType.FP32, WeightsDtype.fp16: SparseType.FP16}
+# Where a tier's rows live on a GPU (on CPU every tier is host memory): HBM; UVM with an HBM cache; UVM only.
+GPU_LOCATION = {MemoryTier.hbm: EmbeddingLocation.DEVICE, MemoryTier.uvm_caching: EmbeddingLocation.MANAGED_CACHING,
+                MemoryTier.host: EmbeddingLocation.MANAGED}
+# fbgemm's default fraction of UVM rows cached in HBM, used when the plan gives none.
+DEFAULT_CACHE_LOAD_FACTOR = 0.2
+# Rows per independently seeded init block: any shard can initialize its rows without the rest of the table.
+INIT_BLOCK_ROWS = 4096
+
+
+def init_rows(seed: int, table: int, num_embeddings: int, dim: int, row_offset: int, num_rows: int,
+              col_offset: int = 0, num_cols: int | None = None) -> torch.Tensor:
+    """Initial weights of rows [row_offset, +num_rows) and columns [col_offset, +num_cols) of a table, identical
+    however the table is sharded: U(-1/sqrt(n), 1/sqrt(n)) (TorchRec's EmbeddingBagConfig default), drawn per block
+    of INIT_BLOCK_ROWS rows from a generator seeded by (seed, table, block)."""
+    num_cols = dim - col_offset if num_cols is None else num_cols
+    bound = num_embeddings ** -0.5
+    out = torch.empty(num_rows, num_cols)
+    r = row_offset
+    while r < row_offset + num_rows:
+        block = r // INIT_BLOCK_ROWS
+        gen = torch.Generator().manual_seed((seed * 1_000_003 + table) * 1_000_003 + block)
+        lo = block * INIT_BLOCK_ROWS
+        rows = min(INIT_BLOCK_ROWS, num_embeddings - lo)
+        w = torch.rand(rows, dim, generator=gen) * (2 * bound) - bound
+        hi = min(lo + rows, row_offset + num_rows)
+        out[r - row_offset:hi - row_offset] = w[r - lo:hi - lo, col_offset:col_offset + num_cols]
+        r = hi
+    return out
+
+
+def make_tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainConfig, device: torch.device,
+             cache_ratio: float = 0.0) -> SplitTableBatchedEmbeddingBagsCodegen:
+    """One fused TBE over (rows, cols) shards; empty row ranges get one never-addressed row (fbgemm needs >= 1)."""
+    if device.type == "cuda":
+        loc, compute = GPU_LOCATION[key.tier], ComputeDevice.CUDA
+    else:
+        loc, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        [(max(1, rows), cols, loc, compute) for rows, cols in shard_shapes],
+        optimizer=FUSED_OPTIMIZERS[train.sparse_optimizer], learning_rate=train.sparse_learning_rate,
+        weights_precision=WEIGHTS_PRECISION[key.dtype], stochastic_rounding=True, pooling_mode=PoolingMode.SUM,
+        cache_load_factor=cache_ratio or DEFAULT_CACHE_LOAD_FACTOR, device=device)
+
+
+class _GradArrival(torch.autograd.Function):
+    """Identity; backward notes when the pooled-output gradient reaches the TBEs (start of their fused update)."""
+
+    @staticmethod
+    def forward(ctx, sw: Stopwatch, x: torch.Tensor) -> torch.Tensor:
+        ctx.sw = sw
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        ctx.sw.grad_arrival = ctx.sw.now()
+        return None, g
+
+
+class ShardedEmbeddings(nn.Module):
+    """forward(batch) -> pooled embeddings [B, sum of table dims] for this rank's own samples, tables in model order."""
+
+    def __init__(self, layout: Layout, comm: Comm, train: TrainConfig, batch_size: int, fwd_dtype: CommDtype,
+                 bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int) -> None:
+        super().__init__()
+        self.layout, self.comm, self.device, self.stopwatch = layout, comm, device, stopwatch
+        self.batch_size = batch_size
+        self.groups: list[tuple[GroupKey, list[LocalShard]]] = layout.me.groups
+        self.tbes = nn.ModuleList()
+        for key, shards in self.groups:
+            ratio = max((s.cache_ratio for s in shards), default=0.0)
+            tbe = make_tbe([(s.num_rows, s.num_cols) for s in shards], key, train, device, ratio)
+            for s, w in zip(shards, tbe.split_embedding_weights()):
+                w[:s.num_rows].copy_(init_rows(seed, s.table, layout.rows[s.table], layout.dims[s.table],
+                                               s.row_offset, s.num_rows, s.col_offset, s.num_cols).to(w.dtype))
+            self.tbes.append(tbe)
+        self.source_cols = [layout.source_columns(k).to(device) for k in OutputKind]
+        self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch)
+        for name in ("a2a_target", "rs_target", "dp_target", "hier_target"):
+            setattr(self.xp, name, getattr(self.xp, name).to(device))
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        sw, w, b = self.stopwatch, self.comm.world, self.batch_size
+        with sw("comm_input"):
+            lookups = exchange_ids(self.layout, self.comm, batch)
+        with sw("emb_fwd"):
+            outs = [tbe(idx, off) for tbe, (idx, off) in zip(self.tbes, lookups.per_group)]
+            if outs:
+                pooled = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
+            else:  # no shard here: still take part in every collective, backward included
+                pooled = torch.zeros(w * b, 0, device=self.device, requires_grad=torch.is_grad_enabled())
+            if pooled.requires_grad:
+                pooled = _GradArrival.apply(sw, pooled)
+            parts = [pooled.index_select(1, cols).view(w, b, -1) for cols in self.source_cols]
+        return EmbeddingExchange.apply(self.xp, *parts)
+
+    # ------------------------------------------------------------ state (checkpoints, tests)
+
+    def shard_state(self) -> list[dict[str, object]]:
+        """Per local shard: its place in the table, its weights and its fused-optimizer state (copies)."""
+        out = []
+        for (key, shards), tbe in zip(self.groups, self.tbes):
+            weights = tbe.split_embedding_weights()
+            states = tbe.split_optimizer_states()
+            for i, s in enumerate(shards):
+                out.append({"table": s.table, "row_offset": s.row_offset, "col_offset": s.col_offset,
+                            "weights": weights[i][:s.num_rows].detach().clone().cpu(),
+                            "optimizer": [x[:s.num_rows].detach().clone().cpu() for x in states[i]] if states else []})
+        return out
+
+    def load_shard_state(self, state: list[dict[str, object]]) -> None:
+        flat = [(tbe, i, s) for (key, shards), tbe in zip(self.groups, self.tbes) for i, s in enumerate(shards)]
+        if len(flat) != len(state):
+            raise ValueError(f"checkpoint holds {len(state)} shards for this rank, the layout {len(flat)}")
+        per_tbe_w = {id(t): t.split_embedding_weights() for t in self.tbes}
+        per_tbe_o = {id(t): t.split_optimizer_states() for t in self.tbes}
+        for (tbe, i, s), saved in zip(flat, state):
+            if (saved["table"], saved["row_offset"], saved["col_offset"]) != (s.table, s.row_offset, s.col_offset):
+                raise ValueError("checkpoint shard order differs from the layout")
+            per_tbe_w[id(tbe)][i][:s.num_rows].copy_(saved["weights"])
+            for dst, src in zip(per_tbe_o[id(tbe)][i] if per_tbe_o[id(tbe)] else [], saved["optimizer"]):
+                dst[:s.num_rows].copy_(src)

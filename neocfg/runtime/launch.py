@@ -1,0 +1,146 @@
+"""Starting ranks. On cpu_local, neocfg spawns hardware.devices_per_node local processes joined by a gloo group on a
+free localhost port; under torchrun (RANK and WORLD_SIZE in the environment) it joins the launcher's group (NCCL on
+CUDA), so the same command scales out with torch.distributed's own launcher.
+
+A rank that raises a NeocfgError reports its one-line message; a rank that dies makes the launcher stop the others
+and fail (exit non-zero) instead of leaving them blocked in a collective; collectives time out after
+train.collective_timeout_s in any case.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+import logging
+import os
+import signal
+import socket
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from neocfg.errors import NeocfgError
+from neocfg.types import Backend
+
+
+class RankFailedError(NeocfgError):
+    exit_code = 6
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _device(backend: Backend, local_rank: int) -> torch.device:
+    if backend is Backend.nccl:
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def _threads_per_rank(local_world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // local_world)
+
+
+def _quiet() -> None:
+    # The synthetic data's id hash multiplies uint64 scalars modulo 2^64 on purpose; numpy warns about it.
+    warnings.filterwarnings("ignore", message="overflow encountered in scalar multiply", category=RuntimeWarning)
+
+
+def _to_bytes(obj: Any) -> bytes:
+    """Results travel as bytes: torch's shared-memory tensor passing needs the sender alive when they are read."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
+            fn: Callable[..., Any], args: tuple, results: Any) -> None:
+    torch.set_num_threads(_threads_per_rank(world))
+    _quiet()
+    try:
+        dist.init_process_group(backend.value, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
+        env = RankEnv(local_rank, world, local_rank, _device(backend, local_rank))
+        out = fn(env, *args)
+        results.put((local_rank, "ok", _to_bytes(out)))
+        dist.destroy_process_group()
+    except NeocfgError as exc:
+        results.put((local_rank, "error", (type(exc).__name__, str(exc), exc.exit_code)))
+        os._exit(exc.exit_code)  # skip interpreter teardown: the other ranks may be blocked in a collective
+    except BaseException:
+        results.put((local_rank, "crash", traceback.format_exc()))
+        os._exit(1)
+
+
+def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend, timeout_s: float) -> list[Any]:
+    """Run fn(RankEnv, *args) on every rank; return the ranks' results in rank order (only this rank's under
+    torchrun)."""
+    if under_torchrun():
+        rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        backend = Backend.nccl if torch.cuda.is_available() and backend is Backend.nccl else backend
+        _quiet()
+        dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
+        finally:
+            dist.destroy_process_group()
+    # torch logs "Terminating process ..." for the survivors of a failed rank; we report the failure in one line.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    procs = mp.start_processes(_worker, args=(world, free_port(), backend, timeout_s, fn, args, results),
+                               nprocs=world, join=False, start_method="spawn")
+    failure, reports = None, []
+
+    def drain() -> None:  # keep the pipe empty so a rank never blocks on put()
+        while not results.empty():
+            reports.append(results.get())
+
+    try:
+        while not procs.join(timeout=0.5):
+            drain()
+    except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
+        failure = exc
+    drain()
+    # A rank killed by a signal (other than the SIGTERM the launcher sends to the survivors) is the root cause; the
+    # survivors' errors (a collective that lost its peer) are consequences.
+    for i, p in enumerate(procs.processes):
+        code = p.exitcode
+        if code is not None and code < 0 and -code != signal.SIGTERM:
+            raise RankFailedError(f"rank {i} was killed by {signal.Signals(-code).name}; the other ranks were stopped")
+    for rank, kind, payload in sorted(reports, key=lambda r: r[0]):
+        if kind == "error":
+            name, message, code = payload
+            err = NeocfgError(message)
+            err.exit_code = code
+            raise err
+    for rank, kind, payload in reports:
+        if kind == "crash":
+            raise RuntimeError(f"rank {rank} failed:\n{payload}")
+    if failure is not None:
+        raise RankFailedError(f"rank {failure.error_index} exited with code {failure.exit_code}; "
+                              f"the other ranks were stopped")
+    by_rank = {rank: torch.load(io.BytesIO(payload), weights_only=False) for rank, kind, payload in reports
+               if kind == "ok"}
+    return [by_rank.get(r) for r in range(world)]

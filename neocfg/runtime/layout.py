@@ -1,0 +1,206 @@
+"""Who holds what: the plan turned into per-rank embedding shards, TBE groups and the column maps of the exchange.
+
+Every rank computes the layout of the whole world from the plan (deterministically), so senders know what each
+receiver expects and receivers know what each sender holds, without any metadata exchange.
+
+How a table's pooled output returns to the rank whose samples it belongs to (OutputKind):
+  all_to_all      TW, CW, TWCW and TWRW (and RW tables not spread over the whole world): every owner sends each
+                  source rank its [B, num_cols] piece; pieces are added into the table's columns (CW slices land side
+                  by side, row-range partial sums add up).
+  reduce_scatter  row-wise tables with one row range on every rank: the partial sums are summed and scattered by one
+                  reduce-scatter.
+  hierarchical    row-wise tables with one row range on every rank of one node of several (TWRW): partial sums are
+                  reduce-scattered inside the node, then sent across nodes by an all-to-all among the ranks with the
+                  same local index (Neo's and TorchRec's two-level TWRW exchange: one copy per sample crosses nodes).
+  replicated      data-parallel tables: every replica looks up the global batch (the ids are all-gathered by the
+                  same id exchange), keeps its own rows forward, and all-gathers the output gradients backward so
+                  every replica applies the same fused update (the sparse form of a gradient all-reduce).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from neocfg.config.model import ModelConfig
+from neocfg.errors import ConfigError, DataError
+from neocfg.plan import Plan
+from neocfg.types import MemoryTier, ShardingType, WeightsDtype
+
+_ROW_SHARDED = (ShardingType.row_wise, ShardingType.table_row_wise)
+
+
+class OutputKind(Enum):
+    """The order of the members is the order of EmbeddingExchange's inputs."""
+
+    all_to_all = "all_to_all"
+    reduce_scatter = "reduce_scatter"
+    replicated = "replicated"
+    hierarchical = "hierarchical"
+
+
+@dataclass(frozen=True, order=True)
+class GroupKey:
+    """One fused TBE per (weights precision, memory tier) on each rank."""
+
+    weights_dtype: str
+    memory: str
+
+    @property
+    def dtype(self) -> WeightsDtype:
+        return WeightsDtype(self.weights_dtype)
+
+    @property
+    def tier(self) -> MemoryTier:
+        return MemoryTier(self.memory)
+
+
+@dataclass(frozen=True)
+class LocalShard:
+    table: int          # index in the model's table list (= the batch's feature order)
+    row_offset: int
+    num_rows: int
+    col_offset: int
+    num_cols: int
+    kind: OutputKind
+    cache_ratio: float = 0.0
+
+
+@dataclass
+class RankLayout:
+    groups: list[tuple[GroupKey, list[LocalShard]]] = field(default_factory=list)
+
+    @property
+    def features(self) -> list[LocalShard]:
+        """The rank's lookups in TBE order: group by group, shards in table order inside a group."""
+        return [s for _, shards in self.groups for s in shards]
+
+    def width(self, kind: OutputKind) -> int:
+        return sum(s.num_cols for s in self.features if s.kind is kind)
+
+
+@dataclass
+class Layout:
+    world: int
+    rank: int
+    dims: list[int]                     # per model table
+    rows: list[int]                     # per model table
+    out_offsets: list[int]              # column of table t in the [B, sum(dims)] pooled output
+    kinds: list[OutputKind]             # per model table
+    ranks: list[RankLayout]
+    devices_per_node: int = 1
+    table_node: dict[int, int] = field(default_factory=dict)   # hierarchical tables: their node
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.devices_per_node
+
+    def hierarchical_tables(self, node: int) -> list[int]:
+        return [t for t in self.tables_of(OutputKind.hierarchical) if self.table_node[t] == node]
+
+    def hierarchical_widths(self) -> list[int]:
+        """Columns of the hierarchical tables of each node."""
+        return [sum(self.dims[t] for t in self.hierarchical_tables(n)) for n in range(self.nodes)]
+
+    @property
+    def me(self) -> RankLayout:
+        return self.ranks[self.rank]
+
+    @property
+    def total_dim(self) -> int:
+        return sum(self.dims)
+
+    def tables_of(self, kind: OutputKind) -> list[int]:
+        return [t for t, k in enumerate(self.kinds) if k is kind]
+
+    def _cols(self, t: int, col_offset: int, num_cols: int) -> list[int]:
+        start = self.out_offsets[t] + col_offset
+        return list(range(start, start + num_cols))
+
+    def source_columns(self, kind: OutputKind) -> torch.Tensor:
+        """Columns of this rank's concatenated TBE output that feed `kind` (all_to_all: in feature order;
+        reduce_scatter and replicated: in table order, identical on every rank)."""
+        cols, start = {}, 0
+        for i, s in enumerate(self.me.features):
+            cols[i] = list(range(start, start + s.num_cols))
+            start += s.num_cols
+        feats = list(enumerate(self.me.features))
+        if kind is not OutputKind.all_to_all:
+            feats.sort(key=lambda x: x[1].table)
+        return torch.tensor([c for i, s in feats if s.kind is kind for c in cols[i]], dtype=torch.long)
+
+    def target_columns(self, kind: OutputKind) -> torch.Tensor:
+        """Where the received pieces go in the pooled output. all_to_all: the pieces of source 0's features, then
+        source 1's, ...; the other kinds: the kind's tables in table order."""
+        if kind is OutputKind.all_to_all:
+            cols = [c for r in self.ranks for s in r.features if s.kind is kind
+                    for c in self._cols(s.table, s.col_offset, s.num_cols)]
+        elif kind is OutputKind.hierarchical:  # node by node, as the cross-node all-to-all delivers them
+            cols = [c for n in range(self.nodes) for t in self.hierarchical_tables(n)
+                    for c in self._cols(t, 0, self.dims[t])]
+        else:
+            cols = [c for t in self.tables_of(kind) for c in self._cols(t, 0, self.dims[t])]
+        return torch.tensor(cols, dtype=torch.long)
+
+
+def _kind(sharding: ShardingType, shard_ranks: list[int], full_cols: bool, world: int,
+          devices_per_node: int) -> OutputKind:
+    if sharding is ShardingType.data_parallel:
+        return OutputKind.replicated
+    if sharding in _ROW_SHARDED and full_cols:
+        ranks = sorted(shard_ranks)
+        if ranks == list(range(world)):
+            return OutputKind.reduce_scatter
+        first = ranks[0]
+        if first % devices_per_node == 0 and ranks == list(range(first, first + devices_per_node)):
+            return OutputKind.hierarchical
+    return OutputKind.all_to_all
+
+
+def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
+    """Check the plan against the model and the world, then place every shard."""
+    world = plan.world_size
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside world {world}")
+    names = [t.name for t in model.tables]
+    planned = {t.name for t in plan.tables}
+    if set(names) != planned:
+        raise DataError(f"plan is for tables {sorted(planned)} but model {model.name} has {sorted(names)}; "
+                        f"re-plan (drop planner.plan_file)")
+    ranks = [RankLayout() for _ in range(world)]
+    grouped: list[dict[GroupKey, list[LocalShard]]] = [{} for _ in range(world)]
+    kinds = []
+    table_node: dict[int, int] = {}
+    if world % plan.devices_per_node:
+        raise DataError(f"plan world size {world} is not a multiple of devices_per_node {plan.devices_per_node}")
+    for t, cfg_table in enumerate(model.tables):
+        tp = plan.table(cfg_table.name)
+        if (tp.num_embeddings, tp.embedding_dim) != (cfg_table.num_embeddings, cfg_table.embedding_dim):
+            raise DataError(f"plan table {tp.name} is {tp.num_embeddings}x{tp.embedding_dim} but the model's is "
+                            f"{cfg_table.num_embeddings}x{cfg_table.embedding_dim}; re-plan")
+        if tp.embedding_dim % 4:
+            raise ConfigError(f"model.tables.{t}.embedding_dim", tp.embedding_dim,
+                              "fbgemm's fused embedding kernels need a multiple of 4")
+        shard_ranks = [s.rank for s in tp.shards]
+        if any(not 0 <= r < world for r in shard_ranks):
+            raise DataError(f"plan table {tp.name} has a shard on a rank outside world size {world}")
+        full_cols = all(s.col_offset == 0 and s.num_cols == tp.embedding_dim for s in tp.shards)
+        kind = _kind(tp.sharding, shard_ranks, full_cols, world, plan.devices_per_node)
+        if kind is OutputKind.hierarchical:
+            table_node[t] = shard_ranks[0] // plan.devices_per_node
+        if kind is OutputKind.replicated and sorted(shard_ranks) != list(range(world)):
+            raise DataError(f"plan table {tp.name} is data_parallel but has no replica on every rank")
+        kinds.append(kind)
+        key = GroupKey(tp.weights_dtype.value, tp.memory.value)
+        for s in tp.shards:
+            grouped[s.rank].setdefault(key, []).append(
+                LocalShard(t, s.row_offset, s.num_rows, s.col_offset, s.num_cols, kind, tp.cache_ratio))
+    for r in range(world):
+        ranks[r].groups = sorted(grouped[r].items(), key=lambda kv: kv[0])
+    dims = [t.embedding_dim for t in model.tables]
+    offsets = [sum(dims[:t]) for t in range(len(dims))]
+    return Layout(world=world, rank=rank, dims=dims, rows=[t.num_embeddings for t in model.tables],
+                  out_offsets=offsets, kinds=kinds, ranks=ranks, devices_per_node=plan.devices_per_node,
+                  table_node=table_node)

@@ -1,0 +1,83 @@
+"""Plans built by rule rather than by the planner: one sharding type (or a per-table mix) over given ranks.
+
+Used by the correctness tests (every sharding type on small worlds) and by benchmarks that pin a placement. Shard
+geometry follows neocfg.plan: CW slices are multiples of FBGEMM_DIM_ALIGN columns, RW/TWRW row ranges are as even
+as possible (the first `rows % n` shards get one extra row).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+from neocfg.config.model import ModelConfig
+from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
+from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
+
+# fbgemm's TBE kernels need embedding dims (and so column slices) that are multiples of 4.
+FBGEMM_DIM_ALIGN = 4
+
+
+def even_splits(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """(offset, size) of `parts` consecutive pieces of `total` (sizes multiples of align, as even as possible)."""
+    units = total // align
+    base, extra = divmod(units, parts)
+    out, off = [], 0
+    for i in range(parts):
+        size = (base + (1 if i < extra else 0)) * align
+        out.append((off, size))
+        off += size
+    return out
+
+
+def table_shards(sharding: ShardingType, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
+    """Shards of one table placed on `ranks` (TW: ranks[0]; CW/TWCW: one column slice per rank;
+    RW/TWRW: one row range per rank; DP: a full replica per rank)."""
+    if sharding is ShardingType.table_wise:
+        return (Shard(ranks[0], 0, rows, 0, dim),)
+    if sharding in (ShardingType.column_wise, ShardingType.table_column_wise):
+        cols = even_splits(dim, len(ranks), FBGEMM_DIM_ALIGN)
+        return tuple(Shard(r, 0, rows, c0, n) for r, (c0, n) in zip(ranks, cols) if n > 0)
+    if sharding in (ShardingType.row_wise, ShardingType.table_row_wise):
+        return tuple(Shard(r, r0, n, 0, dim) for r, (r0, n) in zip(ranks, even_splits(rows, len(ranks))))
+    if sharding is ShardingType.data_parallel:
+        return tuple(Shard(r, 0, rows, 0, dim) for r in ranks)
+    raise ValueError(sharding)
+
+
+def default_ranks(sharding: ShardingType, table_index: int, world: int, devices_per_node: int) -> list[int]:
+    """Where a rule-built plan puts table i: TW round-robin; CW over 2 ranks; RW/DP everywhere;
+    TWRW/TWCW on all ranks of node (i mod nodes)."""
+    nodes = world // devices_per_node
+    if sharding is ShardingType.table_wise:
+        return [table_index % world]
+    if sharding is ShardingType.column_wise:
+        k = min(2, world)
+        return [(table_index + j) % world for j in range(k)]
+    if sharding in (ShardingType.table_row_wise, ShardingType.table_column_wise):
+        node = table_index % nodes
+        return list(range(node * devices_per_node, (node + 1) * devices_per_node))
+    return list(range(world))
+
+
+def rule_plan(model: ModelConfig, *, world: int, devices_per_node: int, batch_size: int,
+              sharding: ShardingType | Mapping[str, ShardingType] = ShardingType.table_wise,
+              ranks: Optional[Mapping[str, Sequence[int]]] = None,
+              weights_dtype: WeightsDtype = WeightsDtype.fp32, memory: MemoryTier = MemoryTier.hbm,
+              a2a_fwd_dtype: CommDtype = CommDtype.fp32, a2a_bwd_dtype: CommDtype = CommDtype.fp32,
+              step_ms: float = 0.0) -> Plan:
+    """A Plan with every table (or each table by name, from a mapping) sharded as given."""
+    tables = []
+    for i, t in enumerate(model.tables):
+        st = sharding if isinstance(sharding, ShardingType) else sharding[t.name]
+        rks = list((ranks or {}).get(t.name) or default_ranks(st, i, world, devices_per_node))
+        tables.append(TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+                                sharding=st, memory=memory, weights_dtype=weights_dtype,
+                                shards=table_shards(st, t.num_embeddings, t.embedding_dim, rks)))
+    devices = tuple(DeviceEstimate(rank=r, hbm_bytes=0, host_bytes=0, compute_ms=0.0, comm_ms=0.0, total_ms=step_ms)
+                    for r in range(world))
+    est = Estimate(step_ms=step_ms, samples_per_s=(world * batch_size * 1000.0 / step_ms) if step_ms else 0.0)
+    return Plan(model_name=model.name, world_size=world, nodes=world // devices_per_node,
+                devices_per_node=devices_per_node, batch_size_per_device=batch_size, a2a_fwd_dtype=a2a_fwd_dtype,
+                a2a_bwd_dtype=a2a_bwd_dtype, tables=tuple(tables), devices=devices, estimate=est,
+                solver=SolverReport(algorithm="rule", status="n/a", seconds=0.0, objective_ms=step_ms,
+                                    lower_bound_ms=0.0, gap=0.0))

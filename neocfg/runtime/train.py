@@ -1,0 +1,261 @@
+"""One rank's training: build the sharded embeddings and the DDP dense part, run the steps, evaluate, checkpoint.
+
+Objective: the mean BCE over the global batch (world x batch_size samples). DDP averages the dense gradients over
+ranks; EmbeddingExchange scales the embedding gradients by 1/world; so a sharded run follows the same trajectory
+as one process training the unsharded model on the global batch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from neocfg.config.schema import NeocfgConfig
+from neocfg.data.source import make_source
+from neocfg.plan import Plan
+from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
+from neocfg.runtime.dist import Comm, Stopwatch, StepTimes
+from neocfg.runtime.dlrm import build_dense, make_dense_optimizer
+from neocfg.runtime.embedding import ShardedEmbeddings
+from neocfg.runtime.layout import build_layout
+from neocfg.runtime.metrics import evaluate
+
+# Steps left out of the timing averages (first-touch allocation, thread pools warming up).
+WARMUP_STEPS = 2
+# Fault injection for the resume tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update,
+# "<rank>:<step>:save" while writing that step's checkpoint (after its own file, before the checkpoint is complete).
+FAULT_ENV = "NEOCFG_FAULT_KILL"
+
+
+@dataclass
+class RankResult:
+    """What one rank reports back; rank 0's carries the merged metrics."""
+
+    rank: int
+    losses: list[float] = field(default_factory=list)     # global mean loss per step (every step of the run)
+    metrics: Optional[dict[str, Any]] = None
+
+
+def _fault_step(rank: int, in_save: bool = False) -> Optional[int]:
+    spec = os.environ.get(FAULT_ENV, "").split(":")
+    if len(spec) < 2 or int(spec[0]) != rank or (len(spec) > 2 and spec[2] == "save") != in_save:
+        return None
+    return int(spec[1])
+
+
+class Trainer:
+    def __init__(self, cfg: NeocfgConfig, plan: Plan, run_dir: Optional[Path], device: torch.device) -> None:
+        self.cfg, self.plan, self.run_dir, self.device = cfg, plan, run_dir, device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if plan.world_size != self.world:
+            from neocfg.errors import ConfigError
+            raise ConfigError("planner.plan_file", plan.world_size,
+                              f"the plan is for world size {plan.world_size}, this job has {self.world} ranks")
+        # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
+        # default group; sharing it could interleave them differently on different ranks).
+        group = dist.new_group(backend=dist.get_backend())
+        self.comm = Comm(group=group, rank=self.rank, world=self.world)
+        self.sw = Stopwatch(device)
+        tc = cfg.train
+        self.layout = build_layout(plan, cfg.model, self.rank)
+        self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
+                                     plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed)
+        self.dense = build_dense(cfg.model, tc.seed, device)
+        self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None)
+        self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
+        self.source = make_source(cfg, self.rank, self.world)
+        self.losses: list[float] = []
+        self.step = 0
+        ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
+        self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, in_save=True))
+                     if ckpt_root else None)
+
+    # ------------------------------------------------------------ checkpoint state
+
+    def state(self) -> dict[str, Any]:
+        return {"step": self.step, "embeddings": self.emb.shard_state(), "dense": self.dense.state_dict(),
+                "dense_optimizer": self.opt.state_dict(), "rng": rng_state(), "data": self.source.state_dict(),
+                "losses": list(self.losses)}
+
+    def restore(self) -> bool:
+        if self.ckpt is None:
+            return False
+        found = self.ckpt.load(self.plan)
+        if found is None:
+            return False
+        step, st = found
+        self.emb.load_shard_state(st["embeddings"])
+        self.dense.load_state_dict(st["dense"])
+        self.opt.load_state_dict(st["dense_optimizer"])
+        set_rng_state(st["rng"])
+        self.source.load_state_dict(st["data"])
+        self.losses = list(st["losses"])
+        self.step = step
+        return True
+
+    # ------------------------------------------------------------ steps
+
+    def train_step(self) -> tuple[torch.Tensor, StepTimes]:
+        sw = self.sw
+        sw.times = StepTimes()
+        t0 = sw.now()
+        with sw("data_wait"):
+            batch = self.source.next_batch()
+        pooled = self.emb(batch)
+        t_dense = sw.now()
+        logits = self.ddp(batch.dense.to(self.device), pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(self.device))
+        self.opt.zero_grad(set_to_none=True)
+        sw.grad_arrival = None
+        t_bwd = sw.now()
+        loss.backward()
+        t_end_bwd = sw.now()
+        self.opt.step()
+        t_end = sw.now()
+        times = sw.times
+        # The TBEs' backward (with the fused update) starts when the pooled-output gradient reaches them and, with
+        # the bottom MLP's backward possibly interleaved, ends with backward.
+        times.emb_bwd = (t_end_bwd - sw.grad_arrival) * 1e3 if sw.grad_arrival else 0.0
+        times.dense = ((t_bwd - t_dense) + (t_end_bwd - t_bwd) + (t_end - t_end_bwd)) * 1e3 - times.comm_bwd - times.emb_bwd
+        times.total = (t_end - t0) * 1e3
+        return loss.detach(), times
+
+    @torch.no_grad()
+    def predict(self, batches: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out logits and labels of every rank (gathered on all ranks)."""
+        source = make_source(self.cfg, self.rank, self.world, eval=True)
+        self.ddp.eval()
+        logits, labels = [], []
+        for _ in range(batches):
+            batch = source.next_batch()
+            logits.append(self.ddp.module(batch.dense.to(self.device), self.emb(batch)))
+            labels.append(batch.labels.to(self.device))
+        self.ddp.train()
+        source.close()
+        local = torch.stack([torch.cat(logits), torch.cat(labels)]) if logits else torch.zeros(2, 0)
+        everyone = self.comm.all_gather(local.float())
+        return everyone[:, 0].reshape(-1), everyone[:, 1].reshape(-1)
+
+    def run(self, resume: bool, show_progress: bool = True) -> RankResult:
+        from tqdm import tqdm
+
+        tc = self.cfg.train
+        resumed_from = self.step if (resume and self.restore()) else None
+        if resume and resumed_from is None and self.rank == 0:
+            print(f"train.resume=true but no checkpoint in {self.ckpt.root if self.ckpt else '-'}; starting fresh")
+        kill_at = _fault_step(self.rank)
+        local_losses, timed = [], []
+        global_batch = tc.batch_size * self.world
+        bar = tqdm(total=tc.steps, initial=self.step, disable=not (show_progress and self.rank == 0),
+                   unit="step", dynamic_ncols=True)
+        t_start = time.perf_counter()
+        t_timed = None
+        first = self.step
+        while self.step < tc.steps:
+            loss, times = self.train_step()
+            self.step += 1
+            local_losses.append(loss)
+            if self.step - first == WARMUP_STEPS:
+                t_timed = time.perf_counter()
+            elif self.step - first > WARMUP_STEPS:
+                timed.append(times)
+            if self.step % tc.log_every == 0 or self.step == tc.steps:
+                done = self.step - first
+                rate = done * global_batch / (time.perf_counter() - t_start)
+                bar.set_postfix(loss=f"{float(loss):.4f}", samples_s=f"{rate:,.0f}")
+            bar.update(1)
+            if kill_at is not None and self.step == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self.ckpt and tc.checkpoint_every and (self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
+                self._save_with_losses(local_losses)
+        bar.close()
+        t_end = time.perf_counter()
+        new_losses = self._global_losses(local_losses)
+        self.losses += new_losses
+        ev = evaluate(*self.predict(tc.eval_batches)) if tc.eval_batches else None
+        return self._report(new_losses, timed, t_start, t_timed, t_end, ev, resumed_from)
+
+    def _global_losses(self, local_losses: list[torch.Tensor]) -> list[float]:
+        if not local_losses:
+            return []
+        t = torch.stack(local_losses).float()
+        dist.all_reduce(t, group=self.comm.group)
+        return (t / self.world).tolist()
+
+    def _save_with_losses(self, local_losses: list[torch.Tensor]) -> None:
+        saved = self.losses
+        self.losses = saved + self._global_losses(local_losses)
+        self.ckpt.save(self.step, self.plan, self.state())
+        self.losses = saved
+
+    def _report(self, new_losses, timed, t_start, t_timed, t_end, ev, resumed_from) -> RankResult:
+        tc, world = self.cfg.train, self.world
+        steps_run = len(new_losses)
+        mean = StepTimes()
+        for t in timed:
+            for k, v in asdict(t).items():
+                mean.add(k, v / len(timed))
+        stats = self.source.stats()
+        self.source.close()
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, {"times": asdict(mean), "data": stats}, group=self.comm.group)
+        if self.rank != 0:
+            return RankResult(self.rank, self.losses)
+        if timed and t_timed is not None:
+            measured_ms = (t_end - t_timed) * 1e3 / len(timed)
+        else:
+            measured_ms = (t_end - t_start) * 1e3 / max(steps_run, 1)
+        predicted = self.plan.estimate.step_ms
+        per_rank = [g["times"] for g in gathered]
+        keys = per_rank[0].keys()
+        breakdown = {k: sum(r[k] for r in per_rank) / world for k in keys}
+        data: dict[str, Any] = {}
+        for g in gathered:
+            for k, v in (g["data"] or {}).items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    data[k] = data.get(k, 0) + v
+        metrics = {
+            "model": self.cfg.model.name, "world_size": world, "batch_size_per_rank": tc.batch_size,
+            "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
+            "resumed_from_step": resumed_from, "samples": self.step * tc.batch_size * world,
+            "samples_per_s": (tc.batch_size * world * 1e3 / measured_ms) if measured_ms > 0 else 0.0,
+            "wall_s": t_end - t_start,
+            "initial_loss": self.losses[0] if self.losses else None,
+            "final_loss": self.losses[-1] if self.losses else None,
+            "final_loss_mean_last_10": (sum(self.losses[-10:]) / len(self.losses[-10:])) if self.losses else None,
+            "losses": self.losses,
+            "eval_samples": ev.samples if ev else 0, "eval_logloss": ev.logloss if ev else None,
+            "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
+            "breakdown_ms": breakdown, "breakdown_ms_per_rank": per_rank,
+            "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
+            # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
+            "predicted_vs_measured_ms": {
+                "embedding_compute": [max((d.compute_ms for d in self.plan.devices), default=0.0),
+                                      breakdown["emb_fwd"] + breakdown["emb_bwd"]],
+                "embedding_comm": [max((d.comm_ms for d in self.plan.devices), default=0.0),
+                                   breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]],
+                "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
+                "data": [0.0, breakdown["data_wait"]]},
+            "prediction_error": ((measured_ms - predicted) / predicted) if predicted else None,
+            "a2a_fwd_dtype": self.plan.a2a_fwd_dtype.value, "a2a_bwd_dtype": self.plan.a2a_bwd_dtype.value,
+            "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
+            "plan_solver": self.plan.solver.algorithm,
+            "data": data, "data_per_rank": [g["data"] for g in gathered],
+        }
+        return RankResult(0, self.losses, metrics)
+
+
+def train_rank(cfg: NeocfgConfig, plan: Plan, run_dir: Optional[Path], device: torch.device,
+               show_progress: bool = True) -> RankResult:
+    """Run cfg.train on this rank of an initialized process group."""
+    trainer = Trainer(cfg, plan, run_dir, device)
+    return trainer.run(cfg.train.resume, show_progress)

@@ -1,0 +1,105 @@
+"""Helpers for the runtime tests: run a plan on spawned gloo ranks and return what each rank holds, and the
+single-process unsharded reference (same init, same data, the same fbgemm fused optimizer on the full tables)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from neocfg.config.schema import NeocfgConfig
+from neocfg.data.source import SyntheticSource
+from neocfg.data.synthetic import SyntheticData
+from neocfg.plan import Plan
+from neocfg.runtime.dlrm import build_dense, make_dense_optimizer
+from neocfg.runtime.embedding import init_rows, make_tbe
+from neocfg.runtime.launch import RankEnv, launch
+from neocfg.runtime.layout import GroupKey
+from neocfg.types import Backend
+
+
+@dataclass
+class RunState:
+    losses: list[float]
+    tables: list[torch.Tensor]             # full tables, assembled from the shards
+    optimizer: list[Optional[torch.Tensor]]  # full optimizer state per table (None for SGD)
+    dense: dict[str, torch.Tensor]
+    metrics: Optional[dict[str, Any]] = None
+
+
+def _rank_fn(env: RankEnv, jobs: list[tuple[NeocfgConfig, Plan]]) -> list[dict[str, Any]]:
+    from neocfg.runtime.train import Trainer
+
+    out = []
+    for cfg, plan in jobs:
+        trainer = Trainer(cfg, plan, None, env.device)
+        result = trainer.run(resume=False, show_progress=False)
+        out.append({"losses": result.losses, "shards": trainer.emb.shard_state(),
+                    "dense": {k: v.clone() for k, v in trainer.dense.state_dict().items()},
+                    "metrics": result.metrics})
+    return out
+
+
+def assemble(cfg: NeocfgConfig, per_rank: list[dict[str, Any]]) -> tuple[list[torch.Tensor], list]:
+    tables = [torch.full((t.num_embeddings, t.embedding_dim), float("nan")) for t in cfg.model.tables]
+    opt: list[Optional[torch.Tensor]] = [None] * len(tables)
+    for r in per_rank:
+        for s in r["shards"]:
+            w = s["weights"].float()
+            tables[s["table"]][s["row_offset"]:s["row_offset"] + w.shape[0],
+                               s["col_offset"]:s["col_offset"] + w.shape[1]] = w
+            if s["optimizer"]:
+                o = s["optimizer"][0].float()
+                if opt[s["table"]] is None:
+                    shape = (tables[s["table"]].shape[0],) + tuple(o.shape[1:]) if o.dim() == 1 else tables[s["table"]].shape
+                    opt[s["table"]] = torch.full(shape, float("nan"))
+                if o.dim() == 1:
+                    opt[s["table"]][s["row_offset"]:s["row_offset"] + o.shape[0]] = o
+                else:
+                    opt[s["table"]][s["row_offset"]:s["row_offset"] + o.shape[0],
+                                    s["col_offset"]:s["col_offset"] + o.shape[1]] = o
+    return tables, opt
+
+
+def run_sharded(jobs: list[tuple[NeocfgConfig, Plan]], world: int) -> list[RunState]:
+    """Run every (cfg, plan) in turn on one spawn of `world` gloo ranks."""
+    per_rank = launch(_rank_fn, (jobs,), world=world, backend=Backend.gloo, timeout_s=120)
+    states = []
+    for j, (cfg, _) in enumerate(jobs):
+        ranks = [r[j] for r in per_rank]
+        tables, opt = assemble(cfg, ranks)
+        states.append(RunState(ranks[0]["losses"], tables, opt, ranks[0]["dense"], ranks[0]["metrics"]))
+    return states
+
+
+def run_reference(cfg: NeocfgConfig, world: int) -> RunState:
+    """One process, unsharded tables in one fused TBE, global batch = world x batch_size."""
+    tc = cfg.train
+    tables = cfg.model.tables
+    source = SyntheticSource(SyntheticData.for_model(cfg.model, cfg.dsi.seed), 0, 1, tc.batch_size * world)
+    tbe = make_tbe([(t.num_embeddings, t.embedding_dim) for t in tables], GroupKey("fp32", "hbm"), tc,
+                   torch.device("cpu"))
+    for i, (t, w) in enumerate(zip(tables, tbe.split_embedding_weights())):
+        w.copy_(init_rows(tc.seed, i, t.num_embeddings, t.embedding_dim, 0, t.num_embeddings))
+    dense = build_dense(cfg.model, tc.seed, torch.device("cpu"))
+    opt = make_dense_optimizer(dense.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
+    losses = []
+    for _ in range(tc.steps):
+        batch = source.next_batch()
+        pooled = tbe(batch.values, batch.offsets())
+        loss = F.binary_cross_entropy_with_logits(dense(batch.dense, pooled), batch.labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    states = tbe.split_optimizer_states()
+    return RunState(losses, [w.detach().clone().float() for w in tbe.split_embedding_weights()],
+                    [s[0].clone() if s else None for s in states] if states else [None] * len(tables),
+                    {k: v.clone() for k, v in dense.state_dict().items()})
+
+
+def with_train(cfg: NeocfgConfig, **train: Any) -> NeocfgConfig:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))

@@ -1,0 +1,58 @@
+"""Small pieces of the runtime: metrics, shard geometry, layout kinds, deterministic shard init."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import compose_cfg
+from neocfg.runtime.embedding import init_rows
+from neocfg.runtime.layout import OutputKind, build_layout
+from neocfg.runtime.metrics import auc, evaluate
+from neocfg.runtime.plans import even_splits, rule_plan
+from neocfg.types import ShardingType as S
+
+
+def test_auc_known_values():
+    assert auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([0, 0, 1, 1])) == pytest.approx(0.75)
+    assert auc(torch.tensor([1.0, 2.0]), torch.tensor([0, 1])) == 1.0
+    assert auc(torch.tensor([5.0, 5.0, 5.0, 5.0]), torch.tensor([0, 1, 0, 1])) == pytest.approx(0.5)  # ties
+    g = torch.Generator().manual_seed(0)
+    s, y = torch.randn(20000, generator=g), (torch.rand(20000, generator=g) < 0.5).float()
+    assert auc(s, y) == pytest.approx(0.5, abs=0.02)
+
+
+def test_normalized_entropy_of_the_base_rate_is_one():
+    y = torch.tensor([0.0, 1.0, 0.0, 0.0])
+    m = evaluate(torch.full((4,), math.log(0.25 / 0.75)), y)
+    assert m.ne == pytest.approx(1.0) and m.ctr == 0.25
+
+
+def test_even_splits():
+    assert even_splits(10, 3) == [(0, 4), (4, 3), (7, 3)]
+    assert even_splits(16, 3, align=4) == [(0, 8), (8, 4), (12, 4)]
+
+
+def test_init_is_the_same_however_a_table_is_cut():
+    full = init_rows(7, 2, 10000, 16, 0, 10000)
+    assert torch.equal(init_rows(7, 2, 10000, 16, 4000, 5000, 4, 8), full[4000:9000, 4:12])
+    assert full.abs().max() <= 10000 ** -0.5
+
+
+def test_layout_kinds():
+    cfg = compose_cfg([])
+    names = [t.name for t in cfg.model.tables]
+    mix = dict(zip(names, [S.table_wise, S.column_wise, S.row_wise, S.table_row_wise, S.data_parallel,
+                           S.table_wise, S.table_wise, S.table_wise]))
+    plan = rule_plan(cfg.model, world=4, devices_per_node=2, batch_size=8, sharding=mix)
+    lay = build_layout(plan, cfg.model, 0)
+    assert lay.kinds[:5] == [OutputKind.all_to_all, OutputKind.all_to_all, OutputKind.reduce_scatter,
+                             OutputKind.hierarchical, OutputKind.replicated]
+    assert lay.table_node == {3: 1}  # rule plans put TWRW table i on node i mod nodes
+    assert lay.hierarchical_widths() == [0, 16]
+    # every rank holds one RW row range and a DP replica
+    for r in lay.ranks:
+        tables = [s.table for s in r.features]
+        assert 2 in tables and 4 in tables
