@@ -2,7 +2,7 @@
 data counters into metrics.json, and a run with a rank SIGKILLed mid-way, resumed from its checkpoint, ends with
 exactly the parameters of an uninterrupted run (one DPP worker per rank keeps the batch order deterministic).
 
-Skipped until the runtime (mode=train) is in the build."""
+Skipped when the runtime (mode=train) is not in the build."""
 
 from __future__ import annotations
 
