@@ -281,6 +281,8 @@ class LocalDppService(ServiceCore):
         stall = waited / ((now - self._last_scale) * self.setup.num_clients)
         self._last_scale = now
         active = [w for w in self.workers.values() if not w.retiring]
+        if any(not w.ready for w in active):
+            return  # a worker is still starting: judge the stall once it helps
         if stall > AUTOSCALE_STALL_FRACTION and len(active) < limits.max_workers and not self.queue.exhausted:
             self._spawn()
             self.counters.workers_added += 1
