@@ -52,3 +52,19 @@ def test_plan_sweep_rows_carry_plan_metrics_and_infeasible_reason(cli, tmp_path)
     assert {row["planner.algorithm"] for row in rows} == {"ilp", "greedy"}
     assert (sweep / "sweep_summary.png").stat().st_size > 0
     assert "sweep: 4 runs (2 did not fit or failed)" in r.stdout
+
+
+def test_train_sweep_reads_metrics_json(cli, tmp_path):
+    r = cli("-m", "mode=train", "model=dlrm_tiny", "train.steps=30", "train.eval_batches=2", "train.log_every=10",
+            "train.batch_size=64,128", timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    sweep = _sweep_dir(tmp_path)
+    rows = _rows(sweep)
+    assert [row["train.batch_size"] for row in rows] == ["64", "128"]
+    for row in rows:
+        assert row["fits"] == "yes", row
+        assert float(row["measured_step_ms"]) > 0 and float(row["measured_samples_per_s"]) > 0
+        assert float(row["final_loss"]) > 0 and 0 <= float(row["eval_auc"]) <= 1
+        assert float(row["step_ms"]) > 0  # the plan's prediction sits beside the measurement
+    for job in ("0", "1"):
+        assert (sweep / job / "metrics.json").exists() and (sweep / job / "plan.json").exists()
