@@ -25,9 +25,12 @@ def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
     if s in (ShardingType.row_wise, ShardingType.table_row_wise):
         return tuple(Shard(r, off, cnt, 0, d) for r, (off, cnt) in zip(ranks, row_ranges(n, len(ranks))))
     if s in (ShardingType.column_wise, ShardingType.table_column_wise):
+        if placement.option.fixed_ranks is None:
+            ranks = tuple(sorted(ranks))  # identical slices: ascending ranks get ascending column ranges
         width = d // len(ranks)
-        return tuple(Shard(r, 0, n, i * width, width) for i, r in enumerate(ranks))
-    return tuple(Shard(r, 0, n, 0, d) for r in ranks)
+        slices = [Shard(r, 0, n, i * width, width) for i, r in enumerate(ranks)]
+        return tuple(sorted(slices, key=lambda s: s.rank))  # listed in rank order (slice i stays on ranks[i])
+    return tuple(Shard(r, 0, n, 0, d) for r in sorted(ranks))
 
 
 def device_perf(cost: CostModel, placements: Sequence[Placement]) -> list[Perf]:

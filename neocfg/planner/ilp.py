@@ -24,7 +24,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
 from neocfg.planner import cbc
 from neocfg.planner.bounds import simple_lower_bound
-from neocfg.planner.costs import CostModel
+from neocfg.planner.costs import CostModel, dense_cost
 from neocfg.planner.greedy import greedy_place
 from neocfg.planner.improve import improve
 from neocfg.planner.loads import DeviceLoads
@@ -45,6 +45,8 @@ class IlpProblem:
     time_limit_s: float
     gap: float
     tiebreak: float           # cfg.planner.costs.comm_tiebreak
+    # Time every device spends on the dense part: in the models so that the relative gap is that of the step time.
+    offset_ms: float = 0.0
 
 
 def placement_variables(topo: Topology, options: Options) -> int:
@@ -112,11 +114,25 @@ def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Opti
                     prob += z <= node_vars[(t, i)][topo.node_of(d)]
             for d, z in zs.items():
                 load(d, o, z)
+    symmetric = not any(o.fixed_ranks is not None for opts in p.options for o in opts)
+    dev_time = [pulp.lpSum(c * v for v, c in time_terms[d]) for d in range(w)]
+    prob += T >= p.offset_ms + simple_lower_bound(topo, p.options), "known_bound"
     for d in range(w):
-        prob += pulp.lpSum(c * v for v, c in time_terms[d]) <= T, f"time_{d}"
+        prob += dev_time[d] + p.offset_ms <= T, f"time_{d}"
         prob += pulp.lpSum(c * v for v, c in hbm_terms[d]) <= p.capacity.hbm, f"hbm_{d}"
         prob += pulp.lpSum(c * v for v, c in host_terms[d]) <= p.capacity.host, f"host_{d}"
-    upper = _makespan(p, warm) if warm else 0.0
+    if symmetric:
+        # Identical devices, symmetric nodes: only plans with devices sorted by load within each node, and nodes
+        # sorted by their busiest device, are considered (every plan has such a permutation).
+        pn = topo.devices_per_node
+        for d in range(w - 1):
+            if topo.node_of(d) == topo.node_of(d + 1):
+                prob += dev_time[d] >= dev_time[d + 1], f"sym_{d}"
+        for n in range(topo.nodes - 1):
+            prob += dev_time[n * pn] >= dev_time[(n + 1) * pn], f"symnode_{n}"
+        if warm:
+            warm = canonical(topo, p.capacity, warm)
+    upper = _makespan(p, warm) + p.offset_ms if warm else 0.0
     weight = _tiebreak_weight(p, upper or 1.0)
     comm = pulp.lpSum(o.total_comm * choose[t][i] for t, opts in enumerate(p.options) for i, o in enumerate(opts))
     prob += T + weight * comm
@@ -135,10 +151,29 @@ def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Opti
 
 
 def _bound_on_makespan(bound: Optional[float], weight: float, p: IlpProblem) -> float:
+    """CBC's bound on (step time + weight x comm) -> a bound on the busiest device's embedding time."""
     if bound is None:
         return 0.0
     worst = sum(max(o.total_comm for o in opts) for opts in p.options)
-    return max(0.0, bound - weight * worst)
+    return max(0.0, bound - weight * worst - p.offset_ms)
+
+
+def canonical(topo: Topology, capacity: Storage, placements: Sequence[Placement]) -> list[Placement]:
+    """The same plan with devices renumbered: nodes by their busiest device, devices by load within a node."""
+    time_ = DeviceLoads.of(topo, capacity, placements).time
+    pn = topo.devices_per_node
+    nodes = sorted(range(topo.nodes), key=lambda n: -max(time_[r] for r in topo.node_ranks(n)))
+    new_rank = {}
+    for new_node, old_node in enumerate(nodes):
+        for j, r in enumerate(sorted(topo.node_ranks(old_node), key=lambda r: -time_[r])):
+            new_rank[r] = new_node * pn + j
+    out = []
+    for pl in placements:
+        ranks = tuple(new_rank[r] for r in pl.ranks)
+        if pl.option.spread in (Spread.world, Spread.node):
+            ranks = tuple(sorted(ranks))
+        out.append(Placement(pl.option, ranks))
+    return out
 
 
 def _warm_flat(p: IlpProblem, warm: Sequence[Placement], choose, dev_vars, node_vars, T, upper: float) -> None:
@@ -191,19 +226,20 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity
     prob += U == pulp.lpSum(o.perf.total * x for x, o in pairs if o.is_uniform)
     prob += Uh == pulp.lpSum(o.storage.hbm * x for x, o in pairs if o.is_uniform)
     prob += Us == pulp.lpSum(o.storage.host * x for x, o in pairs if o.is_uniform)
-    prob += T >= U + pulp.lpSum(o.total_work / w * x for x, o in pairs if not o.is_uniform), "average"
+    prob += T >= U + p.offset_ms + pulp.lpSum(o.total_work / w * x for x, o in pairs if not o.is_uniform), "average"
     prob += pulp.lpSum(o.storage.hbm * o.num_pieces * x for x, o in pairs) <= cap.hbm * w, "hbm_total"
     prob += pulp.lpSum(o.storage.host * o.num_pieces * x for x, o in pairs) <= cap.host * w, "host_total"
     prob += Uh <= cap.hbm
+    prob += T >= p.offset_ms + simple_lower_bound(p.topo, p.options), "known_bound"
     prob += Us <= cap.host
     for t, opts in enumerate(p.options):
         if all(o.is_uniform for o in opts):
             continue
         placed = [(x, o) for x, o in zip(xs[t], opts) if not o.is_uniform]
-        prob += T >= U + pulp.lpSum(o.perf.total * x for x, o in placed), f"piece_{t}"
+        prob += T >= U + p.offset_ms + pulp.lpSum(o.perf.total * x for x, o in placed), f"piece_{t}"
         prob += Uh + pulp.lpSum(o.storage.hbm * x for x, o in placed) <= cap.hbm, f"piece_hbm_{t}"
         prob += Us + pulp.lpSum(o.storage.host * x for x, o in placed) <= cap.host, f"piece_host_{t}"
-    upper = _makespan(p, warm) if warm else 0.0
+    upper = _makespan(p, warm) + p.offset_ms if warm else 0.0
     weight = _tiebreak_weight(p, upper or 1.0)
     prob += T + weight * pulp.lpSum(o.total_comm * x for x, o in pairs)
     if warm:
@@ -254,7 +290,7 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     pl = cfg.planner
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
-                   tiebreak=pl.costs.comm_tiebreak)
+                   tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total)
     try:
         warm: Optional[list[Placement]] = improve(p.topo, p.capacity, list(greedy_place(p.topo, p.capacity,
                                                                                         options, p.names)))
