@@ -14,6 +14,7 @@ plan warm-starts the solver and is kept when it is better.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -34,6 +35,8 @@ Options = Sequence[Sequence[ShardingOption]]
 # Fractions of the memory capacity the aggregated model may use, tried in turn when placing the chosen pieces
 # runs into fragmentation (the aggregate only knows total memory).
 _AGGREGATE_CAPACITY_STEPS = (1.0, 0.97, 0.9)
+# Piece-count levels modelled in the aggregated option choice (more only tighten a bound the average already gives).
+_MAX_PIECE_LEVELS = 32
 
 
 @dataclass(frozen=True)
@@ -114,24 +117,25 @@ def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Opti
                     prob += z <= node_vars[(t, i)][topo.node_of(d)]
             for d, z in zs.items():
                 load(d, o, z)
-    symmetric = not any(o.fixed_ranks is not None for opts in p.options for o in opts)
     dev_time = [pulp.lpSum(c * v for v, c in time_terms[d]) for d in range(w)]
     prob += T >= p.offset_ms + simple_lower_bound(topo, p.options), "known_bound"
     for d in range(w):
         prob += dev_time[d] + p.offset_ms <= T, f"time_{d}"
         prob += pulp.lpSum(c * v for v, c in hbm_terms[d]) <= p.capacity.hbm, f"hbm_{d}"
         prob += pulp.lpSum(c * v for v, c in host_terms[d]) <= p.capacity.host, f"host_{d}"
-    if symmetric:
-        # Identical devices, symmetric nodes: only plans with devices sorted by load within each node, and nodes
-        # sorted by their busiest device, are considered (every plan has such a permutation).
-        pn = topo.devices_per_node
-        for d in range(w - 1):
-            if topo.node_of(d) == topo.node_of(d + 1):
-                prob += dev_time[d] >= dev_time[d + 1], f"sym_{d}"
+    # Identical devices, symmetric nodes: only plans whose free devices (no forced shard) are sorted by load within
+    # each node, and (without forced shards) whose nodes are sorted by their busiest device, are considered; every
+    # plan has such a permutation.
+    pinned = _pinned(p)
+    free = [d for d in range(w) if d not in pinned]
+    for a, b in zip(free, free[1:]):
+        if topo.node_of(a) == topo.node_of(b):
+            prob += dev_time[a] >= dev_time[b], f"sym_{a}"
+    if not pinned:
         for n in range(topo.nodes - 1):
-            prob += dev_time[n * pn] >= dev_time[(n + 1) * pn], f"symnode_{n}"
-        if warm:
-            warm = canonical(topo, p.capacity, warm)
+            prob += dev_time[n * topo.devices_per_node] >= dev_time[(n + 1) * topo.devices_per_node], f"symnode_{n}"
+    if warm:
+        warm = canonical(topo, p.capacity, warm, pinned)
     upper = _makespan(p, warm) + p.offset_ms if warm else 0.0
     weight = _tiebreak_weight(p, upper or 1.0)
     comm = pulp.lpSum(o.total_comm * choose[t][i] for t, opts in enumerate(p.options) for i, o in enumerate(opts))
@@ -158,15 +162,26 @@ def _bound_on_makespan(bound: Optional[float], weight: float, p: IlpProblem) -> 
     return max(0.0, bound - weight * worst - p.offset_ms)
 
 
-def canonical(topo: Topology, capacity: Storage, placements: Sequence[Placement]) -> list[Placement]:
-    """The same plan with devices renumbered: nodes by their busiest device, devices by load within a node."""
+def _pinned(p: IlpProblem) -> set[int]:
+    return {r for opts in p.options for o in opts if o.fixed_ranks is not None for r in o.fixed_ranks}
+
+
+def canonical(topo: Topology, capacity: Storage, placements: Sequence[Placement],
+              pinned: set[int]) -> list[Placement]:
+    """The same plan with devices renumbered as the symmetry-breaking constraints want: free devices sorted by load
+    within their node; without pinned devices also nodes sorted by their busiest device."""
     time_ = DeviceLoads.of(topo, capacity, placements).time
     pn = topo.devices_per_node
-    nodes = sorted(range(topo.nodes), key=lambda n: -max(time_[r] for r in topo.node_ranks(n)))
+    nodes = list(range(topo.nodes))
+    if not pinned:
+        nodes.sort(key=lambda n: -max(time_[r] for r in topo.node_ranks(n)))
     new_rank = {}
     for new_node, old_node in enumerate(nodes):
-        for j, r in enumerate(sorted(topo.node_ranks(old_node), key=lambda r: -time_[r])):
-            new_rank[r] = new_node * pn + j
+        ranks = topo.node_ranks(old_node)
+        free_old = sorted((r for r in ranks if r not in pinned), key=lambda r: -time_[r])
+        free_new = [new_node * pn + (r - old_node * pn) for r in ranks if r not in pinned]
+        new_rank.update(zip(free_old, free_new))
+        new_rank.update({r: r for r in ranks if r in pinned})
     out = []
     for pl in placements:
         ranks = tuple(new_rank[r] for r in pl.ranks)
@@ -230,7 +245,6 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity
     prob += pulp.lpSum(o.storage.hbm * o.num_pieces * x for x, o in pairs) <= cap.hbm * w, "hbm_total"
     prob += pulp.lpSum(o.storage.host * o.num_pieces * x for x, o in pairs) <= cap.host * w, "host_total"
     prob += Uh <= cap.hbm
-    prob += T >= p.offset_ms + simple_lower_bound(p.topo, p.options), "known_bound"
     prob += Us <= cap.host
     for t, opts in enumerate(p.options):
         if all(o.is_uniform for o in opts):
@@ -239,6 +253,7 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity
         prob += T >= U + p.offset_ms + pulp.lpSum(o.perf.total * x for x, o in placed), f"piece_{t}"
         prob += Uh + pulp.lpSum(o.storage.hbm * x for x, o in placed) <= cap.hbm, f"piece_hbm_{t}"
         prob += Us + pulp.lpSum(o.storage.host * x for x, o in placed) <= cap.host, f"piece_host_{t}"
+    levels = _piece_levels(p, prob, pairs, T, U)
     upper = _makespan(p, warm) + p.offset_ms if warm else 0.0
     weight = _tiebreak_weight(p, upper or 1.0)
     prob += T + weight * pulp.lpSum(o.total_comm * x for x, o in pairs)
@@ -250,6 +265,9 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity
         _start(Uh, sum(o.storage.hbm for x, o in pairs if o.is_uniform and id(o) in chosen))
         _start(Us, sum(o.storage.host for x, o in pairs if o.is_uniform and id(o) in chosen))
         _start(T, upper)
+        pieces = sum(o.num_pieces for o in (pl.option for pl in warm) if not o.is_uniform)
+        for k, y in levels:
+            _start(y, 1.0 if pieces > (k - 1) * w else 0.0)
     out = cbc.solve(prob, time_limit_s, p.gap, warm=bool(warm))
     bound = _bound_on_makespan(out.bound, weight, p) if capacity_scale >= 1.0 else 0.0
     if out.objective is None:
@@ -259,6 +277,28 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity
         i = max(range(len(opts)), key=lambda j: xs[t][j].value() or 0.0)
         picked.append(opts[i])
     return picked, bound, out.status
+
+
+def _piece_levels(p: IlpProblem, prob: pulp.LpProblem, pairs, T, U) -> list[tuple[int, pulp.LpVariable]]:
+    """Piece-count cuts: if the plan has more than (k-1) x W pieces, some device holds k pieces of distinct tables,
+    which take at least the k smallest per-table piece times s_1..s_k. y_k = 1 when the count exceeds (k-1) x W."""
+    w = p.topo.world
+    q = sorted(min((o.perf.total for o in opts if not o.is_uniform), default=float("inf")) for opts in p.options)
+    q = [x for x in q if x != float("inf")]
+    most = sum(max((o.num_pieces for o in opts if not o.is_uniform), default=0) for opts in p.options)
+    count = pulp.lpSum(o.num_pieces * x for x, o in pairs if not o.is_uniform)
+    levels: list[tuple[int, pulp.LpVariable]] = []
+    for k in range(1, min(len(q), _MAX_PIECE_LEVELS) + 1):
+        if most <= (k - 1) * w:
+            break
+        y = pulp.LpVariable(f"y_{k}", cat="Binary")
+        prob += count <= (k - 1) * w + (most - (k - 1) * w) * y, f"level_{k}"
+        if levels:
+            prob += levels[-1][1] >= y
+        levels.append((k, y))
+    if levels:
+        prob += T >= U + p.offset_ms + pulp.lpSum(q[k - 1] * y for k, y in levels), "piece_levels"
+    return levels
 
 
 def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]],
@@ -301,7 +341,8 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     deadline = t0 + pl.time_limit_s
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
     if flat:
-        found, bound, status = solve_flat(p, warm)
+        found, bound, status = solve_flat(dataclasses.replace(p, time_limit_s=max(1.0, deadline - time.perf_counter())),
+                                          warm)
     else:
         found, bound, status = solve_decomposed(p, warm, deadline)
     candidates = [c for c in (found, warm) if c is not None]
@@ -313,9 +354,9 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     best = min(candidates, key=lambda c: _makespan(p, c))
     bound = max(bound if bound != float("inf") else 0.0, simple_lower_bound(p.topo, options))
     makespan = _makespan(p, best)
-    if best is warm and found is not None and _makespan(p, found) > makespan:
-        status = f"{status}, greedy kept"
-    status = "optimal" if makespan - bound <= 1e-9 * max(makespan, 1.0) else status
-    kind = "ilp" if flat else "ilp (decomposed)"
-    return SolveResult(placements=tuple(best), algorithm=kind, status=status,
-                       seconds=time.perf_counter() - t0, lower_bound_ms=min(bound, makespan))
+    bound = min(bound, makespan)
+    gap = (makespan - bound) / (makespan + p.offset_ms) if makespan + p.offset_ms > 0 else 0.0
+    final = ("optimal" if gap <= 1e-6 else "within_gap" if gap <= pl.mip_gap
+             else "time_limit" if status == "feasible" else "feasible")
+    return SolveResult(placements=tuple(best), algorithm="ilp" if flat else "ilp (decomposed)", status=final,
+                       seconds=time.perf_counter() - t0, lower_bound_ms=bound)
