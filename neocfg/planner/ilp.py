@@ -78,7 +78,7 @@ def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Opti
     """Returns (placements or None, proven lower bound on the makespan, status)."""
     topo, w = p.topo, p.topo.world
     prob = pulp.LpProblem("neocfg_flat", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
+    T = cbc.var(prob, "T", low=0)
     time_terms: list[list] = [[] for _ in range(w)]
     hbm_terms: list[list] = [[] for _ in range(w)]
     host_terms: list[list] = [[] for _ in range(w)]
@@ -92,7 +92,7 @@ def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Opti
         host_terms[d].append((var, o.storage.host))
 
     for t, opts in enumerate(p.options):
-        xs = [pulp.LpVariable(f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
+        xs = [cbc.var(prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
         choose.append(xs)
         prob += pulp.lpSum(xs) == 1, f"one_{t}"
         for i, o in enumerate(opts):
@@ -102,14 +102,14 @@ def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Opti
                     load(d, o, x)
                 continue
             if o.spread in (Spread.node, Spread.node_distinct):
-                ns = {n: pulp.LpVariable(f"n_{t}_{i}_{n}", cat="Binary") for n in range(topo.nodes)}
+                ns = {n: cbc.var(prob, f"n_{t}_{i}_{n}", cat="Binary") for n in range(topo.nodes)}
                 node_vars[(t, i)] = ns
                 prob += pulp.lpSum(ns.values()) == x
                 if o.spread is Spread.node:
                     for d in range(w):
                         load(d, o, ns[topo.node_of(d)])
                     continue
-            zs = {d: pulp.LpVariable(f"z_{t}_{i}_{d}", cat="Binary") for d in range(w)}
+            zs = {d: cbc.var(prob, f"z_{t}_{i}_{d}", cat="Binary") for d in range(w)}
             dev_vars[(t, i)] = zs
             prob += pulp.lpSum(zs.values()) == o.num_pieces * x
             if o.spread is Spread.node_distinct:
@@ -230,11 +230,11 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity
     w = p.topo.world
     cap = Storage(int(p.capacity.hbm * capacity_scale), int(p.capacity.host * capacity_scale))
     prob = pulp.LpProblem("neocfg_aggregate", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
-    U = pulp.LpVariable("U", lowBound=0)       # time every device spends on uniform (RW/DP) pieces
-    Uh = pulp.LpVariable("Uh", lowBound=0)     # their HBM on every device
-    Us = pulp.LpVariable("Us", lowBound=0)     # their host memory on every device
-    xs = [[pulp.LpVariable(f"x_{t}_{i}", cat="Binary") for i in range(len(opts))] for t, opts in enumerate(p.options)]
+    T = cbc.var(prob, "T", low=0)
+    U = cbc.var(prob, "U", low=0)       # time every device spends on uniform (RW/DP) pieces
+    Uh = cbc.var(prob, "Uh", low=0)     # their HBM on every device
+    Us = cbc.var(prob, "Us", low=0)     # their host memory on every device
+    xs = [[cbc.var(prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))] for t, opts in enumerate(p.options)]
     pairs = [(x, o) for t, opts in enumerate(p.options) for x, o in zip(xs[t], opts)]
     for t, row in enumerate(xs):
         prob += pulp.lpSum(row) == 1, f"one_{t}"
@@ -291,7 +291,7 @@ def _piece_levels(p: IlpProblem, prob: pulp.LpProblem, pairs, T, U) -> list[tupl
     for k in range(1, min(len(q), _MAX_PIECE_LEVELS) + 1):
         if most <= (k - 1) * w:
             break
-        y = pulp.LpVariable(f"y_{k}", cat="Binary")
+        y = cbc.var(prob, f"y_{k}", cat="Binary")
         prob += count <= (k - 1) * w + (most - (k - 1) * w) * y, f"level_{k}"
         if levels:
             prob += levels[-1][1] >= y
