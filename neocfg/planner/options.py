@@ -6,13 +6,14 @@ would make it fit."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError, InfeasibleError
 from neocfg.planner.costs import GIB, CostModel, ceil_div
-from neocfg.planner.types import ShardingOption, Storage
+from neocfg.planner.types import ShardingOption, Storage, Topology
 from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 # TBE kernels need every slice's width to be a multiple of this.
@@ -186,7 +187,7 @@ def _nodes_needed(cfg: NeocfgConfig, cost: CostModel, table: TableConfig, tier: 
     for nodes in (2**i for i in range(11)):
         if nodes <= cfg.hardware.nodes:
             continue
-        bigger = CostModel(**{**cost.__dict__, "topo": type(cost.topo)(nodes, p)})
+        bigger = dataclasses.replace(cost, topo=Topology(nodes, p))
         if bigger.piece(table, ShardingType.row_wise, tier, dtype, 1)[1].fits(bigger.capacity):
             return nodes
     return None
