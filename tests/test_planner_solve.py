@@ -123,3 +123,20 @@ def test_forced_placement_is_kept():
 def test_infeasible_from_make_plan():
     with pytest.raises(InfeasibleError, match="f0"):
         make_plan(compose_cfg(["model=neo_model_f_12t", "hardware=zionex_1node"]))
+
+
+def test_greedy_is_largest_first_onto_least_loaded():
+    # Table-wise only, 3 devices, tables whose times are proportional to pooling: LPT puts 8 | 5+1 | 4+3 ... exactly
+    rows = [("p8", 1000, 16, 8), ("p5", 1000, 16, 5), ("p4", 1000, 16, 4), ("p3", 1000, 16, 3), ("p1", 1000, 16, 1)]
+    cfg = round_cfg(rows, "hardware.nodes=1", "hardware.devices_per_node=3", "planner.sharding_types=[table_wise]",
+                    "planner.memory_tiers=[hbm]", "planner.algorithm=greedy")
+    cost = CostModel.from_config(cfg)
+    options = all_options(cfg, cost)
+    placed = greedy_place(cost.topo, cost.capacity, options, [r[0] for r in rows])
+    by_rank: dict[int, list[str]] = {}
+    for (name, *_), p in zip(rows, placed):
+        by_rank.setdefault(p.ranks[0], []).append(name)
+    groups = sorted(sorted(v) for v in by_rank.values())
+    assert groups == [["p1", "p4"], ["p3", "p5"], ["p8"]] or groups == [["p1", "p5"], ["p3", "p4"], ["p8"]]
+    plan = make_plan(cfg)
+    assert plan.solver.algorithm == "greedy" and plan.solver.lower_bound_ms <= plan.solver.objective_ms
