@@ -15,11 +15,20 @@ from neocfg.planner.types import Placement, ShardingOption, SolveResult, Storage
 
 
 def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
-                 names: Sequence[str]) -> tuple[Placement, ...]:
-    """One placement per table (table order); raises InfeasibleError naming the first table that finds no room."""
+                 names: Sequence[str], by_memory: bool = False) -> tuple[Placement, ...]:
+    """One placement per table (table order); raises InfeasibleError naming the first table that finds no room.
+
+    Tables go largest first: by work, or with by_memory by the largest fraction of a device's memory a piece needs
+    (first-fit-decreasing, for plans where memory rather than time is tight)."""
     w = topo.world
     min_work = [min(o.total_work for o in opts) for opts in options]
-    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -min_work[t]))
+
+    def memory_share(t: int) -> float:
+        return min(max(o.storage.hbm / max(capacity.hbm, 1), o.storage.host / max(capacity.host, 1))
+                   for o in options[t])
+
+    size = memory_share if by_memory else (lambda t: min_work[t])
+    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -size(t)))
     remaining = sum(min_work)
     # Memory the tables still to come need at least (per tier, summed over devices): an option that would leave
     # less than that is taken only when nothing else fits.

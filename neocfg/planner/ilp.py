@@ -32,9 +32,11 @@ from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, SolveResult, Spread, Storage, Topology
 
 Options = Sequence[Sequence[ShardingOption]]
-# Fractions of the memory capacity the aggregated model may use, tried in turn when placing the chosen pieces
-# runs into fragmentation (the aggregate only knows total memory).
-_AGGREGATE_CAPACITY_STEPS = (1.0, 0.97, 0.9)
+# (fraction of the memory capacity the aggregated model may use, largest piece share) tried in turn when placing
+# the chosen pieces runs into fragmentation (the aggregate only knows total memory).
+# With the piece share < 1, options whose piece needs more than that share of a device's memory are left out too
+# (smaller pieces pack; the last resort of memory-tight models).
+_AGGREGATE_CAPACITY_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
 # Piece-count levels modelled in the aggregated option choice (more only tighten a bound the average already gives).
 _MAX_PIECE_LEVELS = 32
 
@@ -301,28 +303,60 @@ def _piece_levels(p: IlpProblem, prob: pulp.LpProblem, pairs, T, U) -> list[tupl
     return levels
 
 
+def _small_pieces(p: IlpProblem, share: float) -> list[list[ShardingOption]]:
+    def fraction(o: ShardingOption) -> float:
+        return max(o.storage.hbm / max(p.capacity.hbm, 1), o.storage.host / max(p.capacity.host, 1))
+
+    return [[o for o in opts if fraction(o) <= share] or [min(opts, key=fraction)] for opts in p.options]
+
+
+def _place_chosen(p: IlpProblem, picked: Sequence[ShardingOption]) -> Optional[list[Placement]]:
+    """Place the chosen options: largest work first and largest memory first, each improved; the better one."""
+    single = [[o] for o in picked]
+    found = []
+    for by_memory in (False, True):
+        try:
+            placed = list(greedy_place(p.topo, p.capacity, single, p.names, by_memory=by_memory))
+        except InfeasibleError:
+            continue
+        found.append(improve(p.topo, p.capacity, placed))
+    return min(found, key=lambda c: _makespan(p, c)) if found else None
+
+
 def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]],
                      deadline: float) -> tuple[Optional[list[Placement]], float, str]:
     best: Optional[list[Placement]] = None
     bound, status = 0.0, "not_solved"
-    for scale in _AGGREGATE_CAPACITY_STEPS:
+    for scale, share in _AGGREGATE_CAPACITY_STEPS:
         left = deadline - time.perf_counter()
         if left < 1.0:
             break
-        picked, b, st = solve_aggregate(p, warm, scale, left)
+        restricted = p if share >= 1.0 else dataclasses.replace(p, options=_small_pieces(p, share))
+        picked, b, st = solve_aggregate(restricted, warm if share >= 1.0 else None, scale, left)
         if scale >= 1.0:
             bound, status = b, st
             if b == float("inf"):
                 return None, b, "infeasible"
         if picked is None:
             continue
-        try:
-            placed = list(greedy_place(p.topo, p.capacity, [[o] for o in picked], p.names))
-        except InfeasibleError:
+        placed = _place_chosen(p, picked)
+        if placed is None:
             continue  # fragmentation: retry with less of the memory
-        best = improve(p.topo, p.capacity, placed)
+        best = placed
         break
     return best, bound, status
+
+
+def _no_placement(cfg: NeocfgConfig, p: IlpProblem, status: str) -> str:
+    w = p.topo.world
+    need = sum(min((o.storage.hbm + o.storage.host) * o.num_pieces for o in opts) for opts in p.options)
+    have = (p.capacity.hbm + p.capacity.host) * w
+    gib = 1024**3
+    verdict = "proved that none exists" if status == "infeasible" else "found none within planner.time_limit_s"
+    return (f"no placement of {cfg.model.name} on {cfg.hardware.name} fits every device's memory (the solver"
+            f" {verdict}): the tables need at least {need / gib:,.0f} GiB of HBM + host DDR of the"
+            f" {have / gib:,.0f} GiB usable, in pieces too large to pack; would fit with fp16 weights, UVM caching,"
+            f" row-wise sharding or hardware.nodes>={cfg.hardware.nodes + max(1, cfg.hardware.nodes // 4)}")
 
 
 def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResult:
@@ -334,10 +368,8 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     try:
         warm: Optional[list[Placement]] = improve(p.topo, p.capacity, list(greedy_place(p.topo, p.capacity,
                                                                                         options, p.names)))
-    except InfeasibleError as exc:
-        warm, greedy_error = None, exc
-    else:
-        greedy_error = None
+    except InfeasibleError:
+        warm = None
     deadline = t0 + pl.time_limit_s
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
     if flat:
@@ -347,10 +379,7 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
         found, bound, status = solve_decomposed(p, warm, deadline)
     candidates = [c for c in (found, warm) if c is not None]
     if not candidates:
-        if greedy_error is not None:
-            raise greedy_error
-        raise InfeasibleError(f"no placement of {cfg.model.name} on {cfg.hardware.name} fits the per-device memory"
-                              f" (solver status {status}); would fit with fp16 weights, UVM caching or more nodes")
+        raise InfeasibleError(_no_placement(cfg, p, status))
     best = min(candidates, key=lambda c: _makespan(p, c))
     bound = max(bound if bound != float("inf") else 0.0, simple_lower_bound(p.topo, options))
     makespan = _makespan(p, best)
