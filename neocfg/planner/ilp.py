@@ -39,6 +39,8 @@ Options = Sequence[Sequence[ShardingOption]]
 _AGGREGATE_CAPACITY_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
 # Piece-count levels modelled in the aggregated option choice (more only tighten a bound the average already gives).
 _MAX_PIECE_LEVELS = 32
+# Budget of constraint nonzeros for the threshold cuts (keeps the aggregated model small for large instances).
+_THRESHOLD_NONZEROS = 200_000
 
 
 @dataclass(frozen=True)
@@ -300,7 +302,26 @@ def _piece_levels(p: IlpProblem, prob: pulp.LpProblem, pairs, T, U) -> list[tupl
         levels.append((k, y))
     if levels:
         prob += T >= U + p.offset_ms + pulp.lpSum(q[k - 1] * y for k, y in levels), "piece_levels"
+        _threshold_cuts(p, prob, pairs, levels, T, U)
     return levels
+
+
+def _threshold_cuts(p: IlpProblem, prob: pulp.LpProblem, pairs, levels, T, U) -> None:
+    """Sharper piece-count cuts: the k pieces of distinct tables on a device with k pieces weigh at least
+    k x lam - sum over placed tables of max(0, lam - their piece time), for any lam (LP duality of "the k smallest").
+    """
+    placed = [(x, o) for x, o in pairs if not o.is_uniform]
+    if not placed:
+        return
+    values = sorted({round(o.perf.total, 12) for _, o in placed})
+    per_level = max(0, min(len(values), _THRESHOLD_NONZEROS // (len(placed) * len(levels))))
+    if per_level == 0:
+        return
+    lams = [values[min(len(values) - 1, (j * len(values)) // per_level)] for j in range(per_level)]
+    for k, y in levels:
+        for j, lam in enumerate(sorted(set(lams))):
+            slack = pulp.lpSum((lam - o.perf.total) * x for x, o in placed if o.perf.total < lam)
+            prob += T >= U + p.offset_ms + k * lam * y - slack, f"threshold_{k}_{j}"
 
 
 def _small_pieces(p: IlpProblem, share: float) -> list[list[ShardingOption]]:
