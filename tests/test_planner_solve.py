@@ -9,7 +9,8 @@ from neocfg.errors import InfeasibleError
 from neocfg.planner import make_plan
 from neocfg.planner.costs import CostModel
 from neocfg.planner.greedy import greedy_place
-from neocfg.planner.ilp import IlpProblem, solve_flat
+from neocfg.planner.ilp_flat import solve_flat
+from neocfg.planner.ilp_problem import IlpProblem
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.options import all_options
 from neocfg.types import ShardingType
