@@ -62,6 +62,7 @@ def compose_cfg(overrides: list[str]):
 
 def run_one(model: str, devices: int, algorithm: str, time_limit: float) -> Run:
     cfg = compose_cfg([f"model={model}", "hardware=zionex_1node", f"hardware.nodes={NODES[devices]}",
+                       f"hardware.name=zionex_{NODES[devices]}node",
                        f"planner.algorithm={algorithm}", f"planner.time_limit_s={time_limit}"])
     t0 = time.perf_counter()
     try:
