@@ -76,9 +76,18 @@ def _no_room(name: str, opts: Sequence[ShardingOption], loads: DeviceLoads) -> s
             f" with planner.algorithm=ilp, fp16 weights, UVM caching, row-wise sharding or more nodes")
 
 
+def greedy_with_fallback(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
+                         names: Sequence[str]) -> tuple[Placement, ...]:
+    """Largest work first; when that runs out of room, largest memory first (first-fit decreasing)."""
+    try:
+        return greedy_place(topo, capacity, options, names)
+    except InfeasibleError:
+        return greedy_place(topo, capacity, options, names, by_memory=True)
+
+
 def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
                  names: Sequence[str]) -> SolveResult:
     t0 = time.perf_counter()
-    placements = greedy_place(topo, capacity, options, names)
+    placements = greedy_with_fallback(topo, capacity, options, names)
     return SolveResult(placements=placements, algorithm="greedy", status="heuristic",
                        seconds=time.perf_counter() - t0, lower_bound_ms=simple_lower_bound(topo, options))

@@ -18,7 +18,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
 from neocfg.planner.bounds import simple_lower_bound
 from neocfg.planner.costs import CostModel, dense_cost
-from neocfg.planner.greedy import greedy_place
+from neocfg.planner.greedy import greedy_place, greedy_with_fallback
 from neocfg.planner.ilp_aggregate import solve_aggregate
 from neocfg.planner.ilp_flat import solve_flat
 from neocfg.planner.ilp_problem import IlpProblem, Options
@@ -101,7 +101,7 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total)
     try:
         warm: Optional[list[Placement]] = improve(p.topo, p.capacity,
-                                                  list(greedy_place(p.topo, p.capacity, options, p.names)))
+                                                  list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))
     except InfeasibleError:
         warm = None
     deadline = t0 + pl.time_limit_s
