@@ -96,3 +96,10 @@ def test_total_memory_names_limit():
     cfg = compose_cfg(["model=neo_model_f_12t", "hardware=zionex_16node"])
     with pytest.raises(InfeasibleError, match=r"need at least .* GiB .* in total.*hardware.nodes>="):
         all_options(cfg, CostModel.from_config(cfg))
+
+
+def test_impossible_constraints_name_the_table():
+    cfg = compose_cfg(["hardware=zionex_2node", "+model.tables.0.ranks=[3,9]",
+                       "+model.tables.0.sharding_types=[table_column_wise]"])
+    with pytest.raises(ConfigError, match=r"model.tables.0='t0' is invalid: no allowed way to shard it.*ranks \[3, 9\]"):
+        all_options(cfg, CostModel.from_config(cfg))
