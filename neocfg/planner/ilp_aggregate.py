@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 import pulp
 
 from neocfg.planner import cbc
-from neocfg.planner.ilp_problem import IlpProblem
+from neocfg.planner.ilp_problem import IlpProblem, run_model
 from neocfg.planner.types import Placement, ShardingOption, Storage
 
 # Piece-count levels modelled (more only tighten a bound the average already gives).
@@ -131,12 +131,7 @@ def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]],
     every plan only at capacity_scale 1 (a smaller capacity is a restriction), else 0. Uses p.time_limit_s."""
     cap = Storage(int(p.capacity.hbm * capacity_scale), int(p.capacity.host * capacity_scale))
     model = AggregateModel(p, cap)
-    upper = p.makespan(warm) + p.offset_ms if warm else 0.0
-    weight = p.tiebreak_weight(upper or 1.0)
-    model.set_objective(weight)
-    if warm:
-        model.warm_start(warm, upper)
-    out = cbc.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm))
+    out, weight = run_model(p, model, warm)
     full = capacity_scale >= 1.0
     bound = p.bound_on_makespan(out.bound, weight) if full else 0.0
     if out.objective is None:

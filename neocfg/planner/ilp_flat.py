@@ -12,7 +12,7 @@ import pulp
 
 from neocfg.planner import cbc
 from neocfg.planner.bounds import simple_lower_bound
-from neocfg.planner.ilp_problem import IlpProblem
+from neocfg.planner.ilp_problem import IlpProblem, run_model
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Spread, Storage, Topology
 
@@ -150,14 +150,7 @@ def canonical(topo: Topology, capacity: Storage, placements: Sequence[Placement]
 def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Optional[list[Placement]], float, str]:
     """Returns (placements or None, proven lower bound on the busiest device's embedding time, status)."""
     model = FlatModel(p)
-    if warm:
-        warm = canonical(p.topo, p.capacity, warm, p.pinned)
-    upper = p.makespan(warm) + p.offset_ms if warm else 0.0
-    weight = p.tiebreak_weight(upper or 1.0)
-    model.set_objective(weight)
-    if warm:
-        model.warm_start(warm, upper)
-    out = cbc.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm))
+    out, weight = run_model(p, model, canonical(p.topo, p.capacity, warm, p.pinned) if warm else None)
     if out.objective is None:
         if out.status == "infeasible":
             return None, float("inf"), "infeasible"

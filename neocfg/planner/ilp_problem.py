@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
+import pulp
+
+from neocfg.planner import cbc
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Storage, Topology
 
@@ -46,3 +49,22 @@ class IlpProblem:
     def pinned(self) -> set[int]:
         """Ranks some table is forced onto."""
         return {r for opts in self.options for o in opts if o.fixed_ranks is not None for r in o.fixed_ranks}
+
+
+class IlpModel(Protocol):
+    prob: pulp.LpProblem
+
+    def set_objective(self, weight: float) -> None: ...
+
+    def warm_start(self, warm: Sequence[Placement], upper: float) -> None: ...
+
+
+def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]]) -> tuple[cbc.CbcOutcome, float]:
+    """Objective (step time + tie-breaker on comm), warm start from `warm` (in the model's numbering), CBC.
+    Returns CBC's outcome and the tie-breaker weight (to turn CBC's bound into one on the makespan)."""
+    upper = p.makespan(warm) + p.offset_ms if warm else 0.0
+    weight = p.tiebreak_weight(upper or 1.0)
+    model.set_objective(weight)
+    if warm:
+        model.warm_start(warm, upper)
+    return cbc.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm)), weight
