@@ -76,13 +76,29 @@ def _no_room(name: str, opts: Sequence[ShardingOption], loads: DeviceLoads) -> s
             f" with planner.algorithm=ilp, fp16 weights, UVM caching, row-wise sharding or more nodes")
 
 
+def _placed_first(options: Sequence[Sequence[ShardingOption]]) -> list[list[ShardingOption]]:
+    """Each table's options without the uniform ones (row-wise, data-parallel) where it has others."""
+    return [[o for o in opts if not o.is_uniform] or list(opts) for opts in options]
+
+
 def greedy_with_fallback(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
                          names: Sequence[str]) -> tuple[Placement, ...]:
-    """Largest work first; when that runs out of room, largest memory first (first-fit decreasing)."""
-    try:
-        return greedy_place(topo, capacity, options, names)
-    except InfeasibleError:
-        return greedy_place(topo, capacity, options, names, by_memory=True)
+    """The best of a few greedy passes: largest work first over all options, and over placed options only (the
+    one-table-at-a-time choice undervalues how uniform options add up on every device); largest memory first
+    when those run out of room. Raises the first pass's InfeasibleError when none finds room."""
+    found: list[tuple[Placement, ...]] = []
+    first_error: Optional[InfeasibleError] = None
+    for opts, by_memory in ((options, False), (_placed_first(options), False), (options, True)):
+        if by_memory and found:
+            break
+        try:
+            found.append(greedy_place(topo, capacity, opts, names, by_memory=by_memory))
+        except InfeasibleError as exc:
+            first_error = first_error or exc
+    if not found:
+        assert first_error is not None
+        raise first_error
+    return min(found, key=lambda pl: float(DeviceLoads.of(topo, capacity, pl).time.max()))
 
 
 def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
