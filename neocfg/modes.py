@@ -27,10 +27,17 @@ def _train(cfg: NeocfgConfig, run_dir: Path | None) -> object:
     return run(cfg, run_dir)
 
 
+def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:
+    from neocfg.data.parquet_gen import run
+
+    return run(cfg, run_dir)
+
+
 MODES: dict[Mode, Callable[[NeocfgConfig, Path | None], object]] = {
     Mode.describe: _describe,
     Mode.plan: _plan,
     Mode.train: _train,
+    Mode.gen_data: _gen_data,
 }
 
 

@@ -12,6 +12,7 @@ class Mode(Enum):
     describe = "describe"
     plan = "plan"
     train = "train"
+    gen_data = "gen_data"
 
 
 class ShardingType(Enum):
@@ -90,6 +91,35 @@ class PlannerAlgorithm(Enum):
 class OnBadSplit(Enum):
     fail = "fail"
     skip = "skip"
+
+
+class TransformOp(Enum):
+    """A DPP preprocessing step declared per feature column (neocfg/data/transforms.py)."""
+
+    filter = "filter"              # drop rows whose value fails `cmp value` (missing values always fail)
+    fill_missing = "fill_missing"  # missing dense value -> value; missing id list -> empty
+    log = "log"                    # y = ln(max(x + offset, LOG_FLOOR))
+    logit = "logit"                # y = ln(p / (1 - p)), p = clip(x, eps, 1 - eps)
+    bucketize = "bucketize"        # y = number of boundaries <= x (as a float)
+    hash = "hash"                  # id -> id mod num_embeddings of the feature's table
+    truncate = "truncate"          # keep the first max_ids ids of each list
+
+
+class FilterCmp(Enum):
+    not_null = "not_null"
+    eq = "eq"
+    ne = "ne"
+    lt = "lt"
+    le = "le"
+    gt = "gt"
+    ge = "ge"
+
+
+class DppBackendKind(Enum):
+    """Where DPP workers run: local processes (default) or inline in the trainer process (no parallelism)."""
+
+    local = "local"
+    inline = "inline"
 
 
 class SweepMetric(Enum):

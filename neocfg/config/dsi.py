@@ -9,7 +9,7 @@ from omegaconf import MISSING
 
 from neocfg.config import checks
 from neocfg.errors import ConfigError
-from neocfg.types import DataSource, OnBadSplit
+from neocfg.types import DataSource, DppBackendKind, FilterCmp, OnBadSplit, TransformOp
 
 
 @dataclass
@@ -38,6 +38,43 @@ def _default_worker_shapes() -> List[WorkerShape]:
 
 
 @dataclass
+class TransformConfig:
+    """One preprocessing step. `column` is a column name or an fnmatch pattern (`dense_*`, `sparse_t[0-3]`);
+    a pattern that matches no column of the model is a no-op, so one preset serves every model."""
+
+    column: str = MISSING
+    op: TransformOp = MISSING
+    # filter: the comparison and its operand; fill_missing: the fill value.
+    cmp: FilterCmp = FilterCmp.not_null
+    value: Optional[float] = None
+    # log: y = ln(max(x + offset, LOG_FLOOR)).
+    offset: float = 1.0
+    # logit: inputs are clipped to [eps, 1 - eps].
+    eps: float = 1e-6
+    # bucketize: increasing boundaries.
+    boundaries: Optional[List[float]] = None
+    # truncate: ids kept per list.
+    max_ids: Optional[int] = None
+
+    def check(self, key: str) -> None:
+        checks.non_empty(f"{key}.column", self.column)
+        if self.op is TransformOp.filter and self.cmp is not FilterCmp.not_null and self.value is None:
+            raise ConfigError(f"{key}.value", self.value, f"filter with cmp={self.cmp.value} needs a value")
+        if self.op is TransformOp.fill_missing and self.value is None:
+            raise ConfigError(f"{key}.value", self.value, "fill_missing needs a value")
+        if self.op is TransformOp.logit:
+            checks.in_range(f"{key}.eps", self.eps, 0.0, 0.5, lo_open=True, hi_open=True)
+        if self.op is TransformOp.bucketize:
+            checks.non_empty(f"{key}.boundaries", self.boundaries)
+            if any(b >= a for b, a in zip(self.boundaries[:-1], self.boundaries[1:])):
+                raise ConfigError(f"{key}.boundaries", list(self.boundaries), "must be strictly increasing")
+        if self.op is TransformOp.truncate:
+            if self.max_ids is None:
+                raise ConfigError(f"{key}.max_ids", None, "truncate needs max_ids")
+            checks.positive(f"{key}.max_ids", self.max_ids)
+
+
+@dataclass
 class DsiConfig:
     name: str = MISSING
     source: DataSource = DataSource.synthetic
@@ -51,6 +88,21 @@ class DsiConfig:
     extra_columns: int = 8
     extra_column_bytes: int = 64
     seed: int = 1234
+    # Held-out samples written by mode=gen_data into their own file (eval-00000.parquet), read by eval sources.
+    eval_samples: int = 8192
+    # Generated raw data: fraction of dense values missing (null) and of rows without a label (null).
+    missing_fraction: float = 0.01
+    unlabeled_fraction: float = 0.01
+    # Preprocessing declared per feature column, applied in order by the DPP workers.
+    transforms: List[TransformConfig] = field(default_factory=list)
+    # DPP service: where workers run, split results buffered per trainer client, and the time limits after which
+    # a split (worker busy on it) or a client (waiting for a batch) gives up.
+    backend: DppBackendKind = DppBackendKind.local
+    prefetch_splits: int = 4
+    split_timeout_s: float = 60.0
+    stall_timeout_s: float = 120.0
+    # Online scaling: add a worker (up to max_workers) while clients stall, retire one when all are idle.
+    autoscale: bool = False
     # DPP workers: "auto" takes the planner's DPP sizing, an integer fixes the count.
     workers: Any = "auto"
     max_workers: int = 16
@@ -75,6 +127,14 @@ class DsiConfig:
         checks.positive(f"{key}.row_groups_per_file", self.row_groups_per_file)
         checks.non_negative(f"{key}.extra_columns", self.extra_columns)
         checks.non_negative(f"{key}.extra_column_bytes", self.extra_column_bytes)
+        checks.positive(f"{key}.eval_samples", self.eval_samples)
+        checks.in_range(f"{key}.missing_fraction", self.missing_fraction, 0.0, 1.0, hi_open=True)
+        checks.in_range(f"{key}.unlabeled_fraction", self.unlabeled_fraction, 0.0, 1.0, hi_open=True)
+        for i, t in enumerate(self.transforms):
+            t.check(f"{key}.transforms.{i}")
+        checks.positive(f"{key}.prefetch_splits", self.prefetch_splits)
+        checks.positive(f"{key}.split_timeout_s", self.split_timeout_s)
+        checks.positive(f"{key}.stall_timeout_s", self.stall_timeout_s)
         if not (self.workers == "auto" or (isinstance(self.workers, int) and not isinstance(self.workers, bool)
                                            and self.workers > 0)):
             raise ConfigError(f"{key}.workers", self.workers, "must be 'auto' or a positive integer")

@@ -91,7 +91,7 @@ class PlannerConfig:
     max_column_slices: int = 8
     # Instances with at most this many (table option x device) placement variables are solved as one flat,
     # exact ILP; larger ones by decomposition (aggregated option choice, then placement).
-    exact_max_variables: int = 4000
+    exact_max_variables: int = 2000
     # The cost model's empirical factors.
     costs: CostConstants = field(default_factory=CostConstants)
 

@@ -7,11 +7,15 @@ checkpoint and resume from it, and counts the time the trainer waited on it (the
 from __future__ import annotations
 
 import time
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.synthetic import SyntheticData
+from neocfg.types import DataSource
+
+if TYPE_CHECKING:
+    from neocfg.plan import Plan
 
 
 class BatchSource(Protocol):
@@ -64,8 +68,17 @@ class SyntheticSource:
 EVAL_FIRST_SAMPLE = 1 << 40
 
 
-def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = False) -> BatchSource:
-    """The batch source for one trainer rank, chosen by cfg.dsi.source."""
+def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = False,
+                plan: Optional["Plan"] = None) -> BatchSource:
+    """The batch source for one trainer rank, chosen by cfg.dsi.source.
+
+    dsi.source=parquet: a DPP service over the rank's share of the Parquet splits (neocfg/data/dpp_source.py);
+    `plan` (optional) supplies the DPP sizing for dsi.workers=auto without planning again.
+    """
+    if cfg.dsi.source is DataSource.parquet:
+        from neocfg.data.dpp_source import make_dpp_source
+
+        return make_dpp_source(cfg, rank, world_size, eval=eval, plan=plan)
     data = SyntheticData.for_model(cfg.model, cfg.dsi.seed)
     first = EVAL_FIRST_SAMPLE if eval else 0
     return SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional, Sequence
+from typing import Sequence
 
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
-from neocfg.plan import DeviceEstimate, DppSizing, Estimate, Plan, Shard, SolverReport, TablePlan
+from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
 from neocfg.planner.costs import CostModel, DenseCost, ceil_div
 from neocfg.planner.types import Perf, Placement, SolveResult
 from neocfg.types import MemoryTier, ShardingType
@@ -25,9 +25,12 @@ def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
     if s in (ShardingType.row_wise, ShardingType.table_row_wise):
         return tuple(Shard(r, off, cnt, 0, d) for r, (off, cnt) in zip(ranks, row_ranges(n, len(ranks))))
     if s in (ShardingType.column_wise, ShardingType.table_column_wise):
+        if placement.option.fixed_ranks is None:
+            ranks = tuple(sorted(ranks))  # identical slices: ascending ranks get ascending column ranges
         width = d // len(ranks)
-        return tuple(Shard(r, 0, n, i * width, width) for i, r in enumerate(ranks))
-    return tuple(Shard(r, 0, n, 0, d) for r in ranks)
+        slices = [Shard(r, 0, n, i * width, width) for i, r in enumerate(ranks)]
+        return tuple(sorted(slices, key=lambda s: s.rank))  # listed in rank order (slice i stays on ranks[i])
+    return tuple(Shard(r, 0, n, 0, d) for r in sorted(ranks))
 
 
 def device_perf(cost: CostModel, placements: Sequence[Placement]) -> list[Perf]:
@@ -38,8 +41,8 @@ def device_perf(cost: CostModel, placements: Sequence[Placement]) -> list[Perf]:
     return perf
 
 
-def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: SolveResult,
-             dpp: Optional[DppSizing] = None) -> Plan:
+def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: SolveResult) -> Plan:
+    """The Plan of a solved placement (without DPP sizing, which dpp.size_dpp adds)."""
     tables = cfg.model.tables
     placements = result.placements
     hbm = [0] * cost.topo.world
@@ -74,4 +77,4 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                           dense_ms=dense.perf.total),
         solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
                             objective_ms=step, lower_bound_ms=lb, gap=gap),
-        dpp=dpp)
+        dpp=None)

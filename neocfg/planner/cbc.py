@@ -6,6 +6,7 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,13 +21,22 @@ class CbcOutcome:
     seconds: float
 
 
+def var(prob: pulp.LpProblem, name: str, cat: str = "Continuous", low: Optional[float] = None) -> pulp.LpVariable:
+    """A variable of `prob` (PuLP >= 3.3 attaches it to the model; older PuLP builds it directly)."""
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, lowBound=low, cat=cat)
+    return pulp.LpVariable(name, lowBound=low, cat=cat)
+
+
 def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> CbcOutcome:
     fd, log = tempfile.mkstemp(prefix="neocfg-cbc-", suffix=".log")
     os.close(fd)
     t0 = time.perf_counter()
     try:
-        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(round(time_limit_s))), gapRel=gap,
-                                   warmStart=warm, logPath=log, threads=1)
+        with warnings.catch_warnings():  # PuLP 3.x announces PULP_CBC_CMD's move; the bundled CBC is what we want
+            warnings.simplefilter("ignore", DeprecationWarning)
+            solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(round(time_limit_s))), gapRel=gap,
+                                       warmStart=warm, logPath=log, threads=1)
         try:
             prob.solve(solver)
         except pulp.PulpSolverError:

@@ -69,7 +69,7 @@ def check_ingest(cfg: NeocfgConfig, demand: float) -> None:
 def buy_workers(caps: list[WorkerCapacity], need: float) -> dict[str, int]:
     """Least-cost integer mix of worker shapes with total capacity >= need (samples/s)."""
     prob = pulp.LpProblem("neocfg_dpp", pulp.LpMinimize)
-    n = {c.shape: pulp.LpVariable(f"n_{i}", lowBound=0, cat="Integer") for i, c in enumerate(caps)}
+    n = {c.shape: cbc.var(prob, f"n_{i}", cat="Integer", low=0) for i, c in enumerate(caps)}
     prob += pulp.lpSum(c.cost * n[c.shape] for c in caps)
     prob += pulp.lpSum(c.samples_per_s * n[c.shape] for c in caps) >= need
     out = cbc.solve(prob, _DPP_TIME_LIMIT_S, 0.0, warm=False)

@@ -15,11 +15,20 @@ from neocfg.planner.types import Placement, ShardingOption, SolveResult, Storage
 
 
 def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
-                 names: Sequence[str]) -> tuple[Placement, ...]:
-    """One placement per table (table order); raises InfeasibleError naming the first table that finds no room."""
+                 names: Sequence[str], by_memory: bool = False) -> tuple[Placement, ...]:
+    """One placement per table (table order); raises InfeasibleError naming the first table that finds no room.
+
+    Tables go largest first: by work, or with by_memory by the largest fraction of a device's memory a piece needs
+    (first-fit-decreasing, for plans where memory rather than time is tight)."""
     w = topo.world
     min_work = [min(o.total_work for o in opts) for opts in options]
-    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -min_work[t]))
+
+    def memory_share(t: int) -> float:
+        return min(max(o.storage.hbm / max(capacity.hbm, 1), o.storage.host / max(capacity.host, 1))
+                   for o in options[t])
+
+    size = memory_share if by_memory else (lambda t: min_work[t])
+    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -size(t)))
     remaining = sum(min_work)
     # Memory the tables still to come need at least (per tier, summed over devices): an option that would leave
     # less than that is taken only when nothing else fits.
@@ -67,9 +76,34 @@ def _no_room(name: str, opts: Sequence[ShardingOption], loads: DeviceLoads) -> s
             f" with planner.algorithm=ilp, fp16 weights, UVM caching, row-wise sharding or more nodes")
 
 
+def _placed_first(options: Sequence[Sequence[ShardingOption]]) -> list[list[ShardingOption]]:
+    """Each table's options without the uniform ones (row-wise, data-parallel) where it has others."""
+    return [[o for o in opts if not o.is_uniform] or list(opts) for opts in options]
+
+
+def greedy_with_fallback(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
+                         names: Sequence[str]) -> tuple[Placement, ...]:
+    """The best of a few greedy passes: largest work first over all options, and over placed options only (the
+    one-table-at-a-time choice undervalues how uniform options add up on every device); largest memory first
+    when those run out of room. Raises the first pass's InfeasibleError when none finds room."""
+    found: list[tuple[Placement, ...]] = []
+    first_error: Optional[InfeasibleError] = None
+    for opts, by_memory in ((options, False), (_placed_first(options), False), (options, True)):
+        if by_memory and found:
+            break
+        try:
+            found.append(greedy_place(topo, capacity, opts, names, by_memory=by_memory))
+        except InfeasibleError as exc:
+            first_error = first_error or exc
+    if not found:
+        assert first_error is not None
+        raise first_error
+    return min(found, key=lambda pl: float(DeviceLoads.of(topo, capacity, pl).time.max()))
+
+
 def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
                  names: Sequence[str]) -> SolveResult:
     t0 = time.perf_counter()
-    placements = greedy_place(topo, capacity, options, names)
+    placements = greedy_with_fallback(topo, capacity, options, names)
     return SolveResult(placements=placements, algorithm="greedy", status="heuristic",
                        seconds=time.perf_counter() - t0, lower_bound_ms=simple_lower_bound(topo, options))

@@ -1,50 +1,37 @@
-"""The ILP planner (PuLP + bundled CBC).
+"""The ILP planner (PuLP + bundled CBC): exact for small instances, decomposed for large ones.
 
-Small instances (at most `planner.exact_max_variables` option x device variables) are solved as one flat model:
-choose one option per table, put every piece on a device (distinct devices for column slices, one node for
-table-row-wise / table-column-wise), per-device memory per tier, minimize the busiest device's time (plus a tiny
-tie-breaker on total communication). With gap 0 that is exactly optimal.
-
-Large instances use the structure: devices are identical and nodes symmetric, so the option choice is solved on an
-aggregated model (per-device average, largest single piece on top of the uniform row-wise/data-parallel load,
-total memory per tier) whose optimum, and CBC's proven bound on it, bound every plan from below; the chosen pieces
-are then placed largest first onto the least-loaded device and improved by moves off the busiest device. The greedy
-plan warm-starts the solver and is kept when it is better.
+Small instances (at most `planner.exact_max_variables` placement variables) are solved as one flat model
+(ilp_flat.py); with gap 0 that is exactly optimal. Large ones use the structure (identical devices, symmetric nodes):
+the aggregated model (ilp_aggregate.py) chooses the options and proves the bound, then the chosen pieces are placed
+largest first (by work, and by memory) onto the least-loaded devices and improved by moves and swaps
+(improve.py). The greedy plan warm-starts both models and is kept when it is better. The reported bound is the
+larger of CBC's and the combinatorial bounds (bounds.py); the gap is that of the step time (dense part included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Optional, Sequence
-
-import pulp
 
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
-from neocfg.planner import cbc
 from neocfg.planner.bounds import simple_lower_bound
-from neocfg.planner.costs import CostModel
-from neocfg.planner.greedy import greedy_place
+from neocfg.planner.costs import CostModel, dense_cost
+from neocfg.planner.greedy import greedy_place, greedy_with_fallback
+from neocfg.planner.ilp_aggregate import solve_aggregate
+from neocfg.planner.ilp_flat import solve_flat
+from neocfg.planner.ilp_problem import IlpProblem, Options
 from neocfg.planner.improve import improve
-from neocfg.planner.loads import DeviceLoads
-from neocfg.planner.types import Placement, ShardingOption, SolveResult, Spread, Storage, Topology
+from neocfg.planner.types import Placement, ShardingOption, SolveResult, Spread, Topology
 
-Options = Sequence[Sequence[ShardingOption]]
-# Fractions of the memory capacity the aggregated model may use, tried in turn when placing the chosen pieces
-# runs into fragmentation (the aggregate only knows total memory).
-_AGGREGATE_CAPACITY_STEPS = (1.0, 0.97, 0.9)
-
-
-@dataclass(frozen=True)
-class IlpProblem:
-    topo: Topology
-    capacity: Storage
-    options: Options
-    names: tuple[str, ...]
-    time_limit_s: float
-    gap: float
-    tiebreak: float           # cfg.planner.costs.comm_tiebreak
+# (fraction of the memory capacity the aggregated model may use, largest piece share), tried in turn when placing
+# the chosen pieces runs into fragmentation (the aggregate only knows total memory). With a piece share < 1, options
+# whose piece needs more than that share of a device's memory are left out (smaller pieces pack; the last resort of
+# memory-tight models).
+AGGREGATE_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
+# Below this many seconds left no further aggregate solve is started.
+_MIN_SOLVE_S = 1.0
 
 
 def placement_variables(topo: Topology, options: Options) -> int:
@@ -54,199 +41,56 @@ def placement_variables(topo: Topology, options: Options) -> int:
     return sum(1 if o.fixed_ranks is not None else per[o.spread] for opts in options for o in opts)
 
 
-def _makespan(p: IlpProblem, placements: Sequence[Placement]) -> float:
-    return float(DeviceLoads.of(p.topo, p.capacity, placements).time.max())
+def _small_pieces(p: IlpProblem, share: float) -> list[list[ShardingOption]]:
+    def fraction(o: ShardingOption) -> float:
+        return max(o.storage.hbm / max(p.capacity.hbm, 1), o.storage.host / max(p.capacity.host, 1))
+
+    return [[o for o in opts if fraction(o) <= share] or [min(opts, key=fraction)] for opts in p.options]
 
 
-def _tiebreak_weight(p: IlpProblem, upper: float) -> float:
-    """Weight of total comm such that it can shift the objective by at most tiebreak x upper bound."""
-    worst = sum(max(o.total_comm for o in opts) for opts in p.options)
-    return p.tiebreak * upper / worst if worst > 0 and upper > 0 else 0.0
-
-
-def _start(x: pulp.LpVariable, value: float) -> None:
-    x.setInitialValue(value)
-
-
-# ---- flat exact model ------------------------------------------------------------------------------------
-def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Optional[list[Placement]], float, str]:
-    """Returns (placements or None, proven lower bound on the makespan, status)."""
-    topo, w = p.topo, p.topo.world
-    prob = pulp.LpProblem("neocfg_flat", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
-    time_terms: list[list] = [[] for _ in range(w)]
-    hbm_terms: list[list] = [[] for _ in range(w)]
-    host_terms: list[list] = [[] for _ in range(w)]
-    choose: list[list[pulp.LpVariable]] = []
-    dev_vars: dict[tuple[int, int], dict[int, pulp.LpVariable]] = {}
-    node_vars: dict[tuple[int, int], dict[int, pulp.LpVariable]] = {}
-
-    def load(d: int, o: ShardingOption, var: pulp.LpVariable) -> None:
-        time_terms[d].append((var, o.perf.total))
-        hbm_terms[d].append((var, o.storage.hbm))
-        host_terms[d].append((var, o.storage.host))
-
-    for t, opts in enumerate(p.options):
-        xs = [pulp.LpVariable(f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
-        choose.append(xs)
-        prob += pulp.lpSum(xs) == 1, f"one_{t}"
-        for i, o in enumerate(opts):
-            x = xs[i]
-            if o.fixed_ranks is not None or o.spread is Spread.world:
-                for d in (o.fixed_ranks if o.fixed_ranks is not None else range(w)):
-                    load(d, o, x)
-                continue
-            if o.spread in (Spread.node, Spread.node_distinct):
-                ns = {n: pulp.LpVariable(f"n_{t}_{i}_{n}", cat="Binary") for n in range(topo.nodes)}
-                node_vars[(t, i)] = ns
-                prob += pulp.lpSum(ns.values()) == x
-                if o.spread is Spread.node:
-                    for d in range(w):
-                        load(d, o, ns[topo.node_of(d)])
-                    continue
-            zs = {d: pulp.LpVariable(f"z_{t}_{i}_{d}", cat="Binary") for d in range(w)}
-            dev_vars[(t, i)] = zs
-            prob += pulp.lpSum(zs.values()) == o.num_pieces * x
-            if o.spread is Spread.node_distinct:
-                for d, z in zs.items():
-                    prob += z <= node_vars[(t, i)][topo.node_of(d)]
-            for d, z in zs.items():
-                load(d, o, z)
-    for d in range(w):
-        prob += pulp.lpSum(c * v for v, c in time_terms[d]) <= T, f"time_{d}"
-        prob += pulp.lpSum(c * v for v, c in hbm_terms[d]) <= p.capacity.hbm, f"hbm_{d}"
-        prob += pulp.lpSum(c * v for v, c in host_terms[d]) <= p.capacity.host, f"host_{d}"
-    upper = _makespan(p, warm) if warm else 0.0
-    weight = _tiebreak_weight(p, upper or 1.0)
-    comm = pulp.lpSum(o.total_comm * choose[t][i] for t, opts in enumerate(p.options) for i, o in enumerate(opts))
-    prob += T + weight * comm
-    if warm:
-        _warm_flat(p, warm, choose, dev_vars, node_vars, T, upper)
-    out = cbc.solve(prob, p.time_limit_s, p.gap, warm=bool(warm))
-    if out.objective is None:
-        if out.status == "infeasible":
-            return None, float("inf"), "infeasible"
-        return None, _bound_on_makespan(out.bound, weight, p), out.status
-    placements = []
-    for t, opts in enumerate(p.options):
-        i = max(range(len(opts)), key=lambda j: choose[t][j].value() or 0.0)
-        placements.append(_read_placement(p.topo, t, i, opts[i], dev_vars, node_vars))
-    return placements, _bound_on_makespan(out.bound, weight, p), out.status
-
-
-def _bound_on_makespan(bound: Optional[float], weight: float, p: IlpProblem) -> float:
-    if bound is None:
-        return 0.0
-    worst = sum(max(o.total_comm for o in opts) for opts in p.options)
-    return max(0.0, bound - weight * worst)
-
-
-def _warm_flat(p: IlpProblem, warm: Sequence[Placement], choose, dev_vars, node_vars, T, upper: float) -> None:
-    for t, pl in enumerate(warm):
-        i = next(j for j, o in enumerate(p.options[t]) if o is pl.option)
-        for j, x in enumerate(choose[t]):
-            _start(x, 1.0 if j == i else 0.0)
-        for (tt, ii), zs in dev_vars.items():
-            if tt == t:
-                for d, z in zs.items():
-                    _start(z, 1.0 if ii == i and d in pl.ranks else 0.0)
-        for (tt, ii), ns in node_vars.items():
-            if tt == t:
-                node = p.topo.node_of(pl.ranks[0])
-                for n, v in ns.items():
-                    _start(v, 1.0 if ii == i and n == node else 0.0)
-    _start(T, upper)
-
-
-def _read_placement(topo: Topology, t: int, i: int, o: ShardingOption, dev_vars, node_vars) -> Placement:
-    if o.fixed_ranks is not None:
-        return Placement(o, o.fixed_ranks)
-    if o.spread is Spread.world:
-        return Placement(o, tuple(range(topo.world)))
-    if o.spread is Spread.node:
-        node = max(node_vars[(t, i)].items(), key=lambda kv: kv[1].value() or 0.0)[0]
-        return Placement(o, topo.node_ranks(node))
-    zs = dev_vars[(t, i)]
-    ranks = sorted(zs, key=lambda d: -(zs[d].value() or 0.0))[:o.num_pieces]
-    return Placement(o, tuple(sorted(ranks)))
-
-
-# ---- decomposition: aggregated option choice, then placement ---------------------------------------------
-def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]], capacity_scale: float,
-                    time_limit_s: float) -> tuple[Optional[list[ShardingOption]], float, str]:
-    """Choose one option per table on the aggregated model. Returns (options or None, bound on makespan, status).
-
-    The bound is valid for every plan only when capacity_scale == 1 (a tighter capacity is a restriction)."""
-    w = p.topo.world
-    cap = Storage(int(p.capacity.hbm * capacity_scale), int(p.capacity.host * capacity_scale))
-    prob = pulp.LpProblem("neocfg_aggregate", pulp.LpMinimize)
-    T = pulp.LpVariable("T", lowBound=0)
-    U = pulp.LpVariable("U", lowBound=0)       # time every device spends on uniform (RW/DP) pieces
-    Uh = pulp.LpVariable("Uh", lowBound=0)     # their HBM on every device
-    Us = pulp.LpVariable("Us", lowBound=0)     # their host memory on every device
-    xs = [[pulp.LpVariable(f"x_{t}_{i}", cat="Binary") for i in range(len(opts))] for t, opts in enumerate(p.options)]
-    pairs = [(x, o) for t, opts in enumerate(p.options) for x, o in zip(xs[t], opts)]
-    for t, row in enumerate(xs):
-        prob += pulp.lpSum(row) == 1, f"one_{t}"
-    prob += U == pulp.lpSum(o.perf.total * x for x, o in pairs if o.is_uniform)
-    prob += Uh == pulp.lpSum(o.storage.hbm * x for x, o in pairs if o.is_uniform)
-    prob += Us == pulp.lpSum(o.storage.host * x for x, o in pairs if o.is_uniform)
-    prob += T >= U + pulp.lpSum(o.total_work / w * x for x, o in pairs if not o.is_uniform), "average"
-    prob += pulp.lpSum(o.storage.hbm * o.num_pieces * x for x, o in pairs) <= cap.hbm * w, "hbm_total"
-    prob += pulp.lpSum(o.storage.host * o.num_pieces * x for x, o in pairs) <= cap.host * w, "host_total"
-    prob += Uh <= cap.hbm
-    prob += Us <= cap.host
-    for t, opts in enumerate(p.options):
-        if all(o.is_uniform for o in opts):
+def place_chosen(p: IlpProblem, picked: Sequence[ShardingOption]) -> Optional[list[Placement]]:
+    """Place the chosen options: largest work first and largest memory first, each improved; the better one."""
+    single = [[o] for o in picked]
+    found = []
+    for by_memory in (False, True):
+        try:
+            placed = list(greedy_place(p.topo, p.capacity, single, p.names, by_memory=by_memory))
+        except InfeasibleError:
             continue
-        placed = [(x, o) for x, o in zip(xs[t], opts) if not o.is_uniform]
-        prob += T >= U + pulp.lpSum(o.perf.total * x for x, o in placed), f"piece_{t}"
-        prob += Uh + pulp.lpSum(o.storage.hbm * x for x, o in placed) <= cap.hbm, f"piece_hbm_{t}"
-        prob += Us + pulp.lpSum(o.storage.host * x for x, o in placed) <= cap.host, f"piece_host_{t}"
-    upper = _makespan(p, warm) if warm else 0.0
-    weight = _tiebreak_weight(p, upper or 1.0)
-    prob += T + weight * pulp.lpSum(o.total_comm * x for x, o in pairs)
-    if warm:
-        chosen = {id(pl.option) for pl in warm}
-        for x, o in pairs:
-            _start(x, 1.0 if id(o) in chosen else 0.0)
-        _start(U, sum(o.perf.total for x, o in pairs if o.is_uniform and id(o) in chosen))
-        _start(Uh, sum(o.storage.hbm for x, o in pairs if o.is_uniform and id(o) in chosen))
-        _start(Us, sum(o.storage.host for x, o in pairs if o.is_uniform and id(o) in chosen))
-        _start(T, upper)
-    out = cbc.solve(prob, time_limit_s, p.gap, warm=bool(warm))
-    bound = _bound_on_makespan(out.bound, weight, p) if capacity_scale >= 1.0 else 0.0
-    if out.objective is None:
-        return None, (float("inf") if out.status == "infeasible" and capacity_scale >= 1.0 else bound), out.status
-    picked = []
-    for t, opts in enumerate(p.options):
-        i = max(range(len(opts)), key=lambda j: xs[t][j].value() or 0.0)
-        picked.append(opts[i])
-    return picked, bound, out.status
+        found.append(improve(p.topo, p.capacity, placed))
+    return min(found, key=p.makespan) if found else None
 
 
 def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]],
                      deadline: float) -> tuple[Optional[list[Placement]], float, str]:
-    best: Optional[list[Placement]] = None
     bound, status = 0.0, "not_solved"
-    for scale in _AGGREGATE_CAPACITY_STEPS:
+    for scale, share in AGGREGATE_STEPS:
         left = deadline - time.perf_counter()
-        if left < 1.0:
+        if left < _MIN_SOLVE_S:
             break
-        picked, b, st = solve_aggregate(p, warm, scale, left)
-        if scale >= 1.0:
+        restricted = dataclasses.replace(p, time_limit_s=left,
+                                         options=p.options if share >= 1.0 else _small_pieces(p, share))
+        picked, b, st = solve_aggregate(restricted, warm if share >= 1.0 else None, scale)
+        if scale >= 1.0 and share >= 1.0:
             bound, status = b, st
             if b == float("inf"):
                 return None, b, "infeasible"
-        if picked is None:
-            continue
-        try:
-            placed = list(greedy_place(p.topo, p.capacity, [[o] for o in picked], p.names))
-        except InfeasibleError:
-            continue  # fragmentation: retry with less of the memory
-        best = improve(p.topo, p.capacity, placed)
-        break
-    return best, bound, status
+        placed = place_chosen(p, picked) if picked is not None else None
+        if placed is not None:
+            return placed, bound, status
+    return None, bound, status
+
+
+def _no_placement(cfg: NeocfgConfig, p: IlpProblem, status: str) -> str:
+    w = p.topo.world
+    need = sum(min((o.storage.hbm + o.storage.host) * o.num_pieces for o in opts) for opts in p.options)
+    have = (p.capacity.hbm + p.capacity.host) * w
+    gib = 1024**3
+    verdict = "proved that none exists" if status == "infeasible" else "found none within planner.time_limit_s"
+    return (f"no placement of {cfg.model.name} on {cfg.hardware.name} fits every device's memory (the solver"
+            f" {verdict}): the tables need at least {need / gib:,.0f} GiB of HBM + host DDR of the"
+            f" {have / gib:,.0f} GiB usable, in pieces too large to pack; would fit with fp16 weights, UVM caching,"
+            f" row-wise sharding or hardware.nodes>={cfg.hardware.nodes + max(1, cfg.hardware.nodes // 4)}")
 
 
 def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResult:
@@ -254,32 +98,27 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     pl = cfg.planner
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
-                   tiebreak=pl.costs.comm_tiebreak)
+                   tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total)
     try:
-        warm: Optional[list[Placement]] = improve(p.topo, p.capacity, list(greedy_place(p.topo, p.capacity,
-                                                                                        options, p.names)))
-    except InfeasibleError as exc:
-        warm, greedy_error = None, exc
-    else:
-        greedy_error = None
+        warm: Optional[list[Placement]] = improve(p.topo, p.capacity,
+                                                  list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))
+    except InfeasibleError:
+        warm = None
     deadline = t0 + pl.time_limit_s
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
     if flat:
-        found, bound, status = solve_flat(p, warm)
+        left = max(_MIN_SOLVE_S, deadline - time.perf_counter())
+        found, bound, status = solve_flat(dataclasses.replace(p, time_limit_s=left), warm)
     else:
         found, bound, status = solve_decomposed(p, warm, deadline)
     candidates = [c for c in (found, warm) if c is not None]
     if not candidates:
-        if greedy_error is not None:
-            raise greedy_error
-        raise InfeasibleError(f"no placement of {cfg.model.name} on {cfg.hardware.name} fits the per-device memory"
-                              f" (solver status {status}); would fit with fp16 weights, UVM caching or more nodes")
-    best = min(candidates, key=lambda c: _makespan(p, c))
-    bound = max(bound if bound != float("inf") else 0.0, simple_lower_bound(p.topo, options))
-    makespan = _makespan(p, best)
-    if best is warm and found is not None and _makespan(p, found) > makespan:
-        status = f"{status}, greedy kept"
-    status = "optimal" if makespan - bound <= 1e-9 * max(makespan, 1.0) else status
-    kind = "ilp" if flat else "ilp (decomposed)"
-    return SolveResult(placements=tuple(best), algorithm=kind, status=status,
-                       seconds=time.perf_counter() - t0, lower_bound_ms=min(bound, makespan))
+        raise InfeasibleError(_no_placement(cfg, p, status))
+    best = min(candidates, key=p.makespan)
+    makespan = p.makespan(best)
+    bound = min(makespan, max(bound if bound != float("inf") else 0.0, simple_lower_bound(p.topo, options)))
+    gap = (makespan - bound) / (makespan + p.offset_ms) if makespan + p.offset_ms > 0 else 0.0
+    final = ("optimal" if gap <= 1e-6 else "within_gap" if gap <= pl.mip_gap
+             else "time_limit" if status == "feasible" else "feasible")
+    return SolveResult(placements=tuple(best), algorithm="ilp" if flat else "ilp (decomposed)", status=final,
+                       seconds=time.perf_counter() - t0, lower_bound_ms=bound)

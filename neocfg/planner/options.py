@@ -6,13 +6,14 @@ would make it fit."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError, InfeasibleError
 from neocfg.planner.costs import GIB, CostModel, ceil_div
-from neocfg.planner.types import ShardingOption, Storage
+from neocfg.planner.types import ShardingOption, Storage, Topology
 from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 # TBE kernels need every slice's width to be a multiple of this.
@@ -111,6 +112,10 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
     table = cfg.model.tables[index]
     ch = table_choices(cfg, table)
     out: list[ShardingOption] = []
+    shapes = [(s, k) for s in ch.shardings if _geometry_ok(cfg, table, s)
+              for k in (slice_counts(cfg, table, s) if s in SLICED else [1])]
+    if not shapes or not ch.tiers or not ch.dtypes:
+        raise ConfigError(f"model.tables.{index}", table.name, _no_shape(cfg, table, ch))
     for sharding in ch.shardings:
         if not _geometry_ok(cfg, table, sharding):
             continue
@@ -129,6 +134,16 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
     if not out:
         raise InfeasibleError(explain_table(cfg, cost, index))
     return prune(out)
+
+
+def _no_shape(cfg: NeocfgConfig, table: TableConfig, ch: Choices) -> str:
+    allowed = "; ".join(f"{name}: {[x.value for x in xs] or 'none'}" for name, xs in
+                        (("sharding types", ch.shardings), ("memory tiers", ch.tiers), ("weight dtypes", ch.dtypes)))
+    ranks = f", ranks {list(table.ranks)}" if table.ranks is not None else ""
+    return (f"no allowed way to shard it ({allowed}{ranks}): table_wise takes 1 rank; column_wise /"
+            f" table_column_wise one rank per slice, slices of a multiple of {COLUMN_ALIGN} columns, table_column_wise"
+            f" within one node of {cfg.hardware.devices_per_node}; row_wise / table_row_wise / data_parallel take no"
+            f" ranks and need a row per rank")
 
 
 def all_options(cfg: NeocfgConfig, cost: CostModel) -> list[list[ShardingOption]]:
@@ -186,7 +201,7 @@ def _nodes_needed(cfg: NeocfgConfig, cost: CostModel, table: TableConfig, tier: 
     for nodes in (2**i for i in range(11)):
         if nodes <= cfg.hardware.nodes:
             continue
-        bigger = CostModel(**{**cost.__dict__, "topo": type(cost.topo)(nodes, p)})
+        bigger = dataclasses.replace(cost, topo=Topology(nodes, p))
         if bigger.piece(table, ShardingType.row_wise, tier, dtype, 1)[1].fits(bigger.capacity):
             return nodes
     return None

@@ -34,14 +34,15 @@ def verify(cost: CostModel, result: SolveResult) -> None:
                               f" host {int(loads.host[bad]):,} of {cost.capacity.host:,}); please report this plan")
 
 
-def make_plan(cfg: NeocfgConfig) -> Plan:
+def plan_placement(cfg: NeocfgConfig) -> Plan:
+    """The plan without DPP sizing (what the benchmark times)."""
     cost = CostModel.from_config(cfg)
-    dense = dense_cost(cfg)
     result = solve(cfg, cost)
     verify(cost, result)
-    plan = assemble(cfg, cost, dense, result)
-    try:
-        from neocfg.planner.dpp import size_dpp
-    except ImportError:
-        return plan
-    return size_dpp(cfg, plan)
+    return assemble(cfg, cost, dense_cost(cfg), result)
+
+
+def make_plan(cfg: NeocfgConfig) -> Plan:
+    from neocfg.planner.dpp import size_dpp
+
+    return size_dpp(cfg, plan_placement(cfg))

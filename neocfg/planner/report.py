@@ -84,7 +84,8 @@ def summary(cfg: NeocfgConfig, plan: Plan) -> str:
     if plan.dpp is not None:
         d = plan.dpp
         shapes = ", ".join(f"{v} x {k}" for k, v in d.workers_by_shape.items())
-        lines.append(f"DPP: {d.workers} workers ({shapes}), {d.workers_per_trainer_node:.2f} per trainer node;"
+        plural = "" if d.workers == 1 else "s"
+        lines.append(f"DPP: {d.workers} worker{plural} ({shapes}), {d.workers_per_trainer_node:.2f} per trainer node;"
                      f" bottleneck {d.bottleneck}; demand {d.demand_samples_per_s:,.0f} samples/s, capacity"
                      f" {d.capacity_samples_per_s:,.0f} samples/s (headroom {100 * cfg.dsi.headroom:.0f}%)")
     return "\n".join(lines)

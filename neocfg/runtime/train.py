@@ -83,7 +83,7 @@ class Trainer:
         self.dense = build_dense(cfg.model, tc.seed, device)
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None)
         self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
-        self.source = make_source(cfg, self.rank, self.world)
+        self.source = make_source(cfg, self.rank, self.world, plan=plan)
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
@@ -144,7 +144,7 @@ class Trainer:
     @torch.no_grad()
     def predict(self, batches: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out logits and labels of every rank (gathered on all ranks)."""
-        source = make_source(self.cfg, self.rank, self.world, eval=True)
+        source = make_source(self.cfg, self.rank, self.world, eval=True, plan=self.plan)
         self.ddp.eval()
         logits, labels = [], []
         for _ in range(batches):

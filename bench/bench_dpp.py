@@ -1,0 +1,197 @@
+"""DPP benchmark: column projection, worker scaling, and the data stall at the planned vs too few workers.
+
+    .venv/bin/python bench/bench_dpp.py [--samples 65536] [--out outputs/bench/bench_dpp.json]
+
+1. Projection: one worker's read + transform + batch over every training split, reading only the model's columns
+   vs reading every column (the extra columns are ~3/4 of the stored bytes). Samples/s, MB/s read, ratio.
+2. Scaling: a local DPP service with 1 and then 2 worker processes, one client draining batches as fast as it can;
+   with the real (cheap) preprocessing, and with a simulated extra cost per split. The worker time per split shows
+   whether the two workers had a core each (it doubles when they share one).
+3. Stall: a simulated trainer that needs `--demand-workers` x one worker's rate (it sleeps batch/demand per step)
+   pulls from 1 worker (too few) and from the planned count (sizing.workers_needed with dsi.headroom). Workers get a
+   simulated extra cost per split (`--split-cost-s`, a sleep) so that the result does not depend on how many free
+   cores the machine has; stall fraction = time waiting for data / wall time (after the first batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from neocfg.config.schema import NeocfgConfig, load, register  # noqa: E402
+from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits  # noqa: E402
+from neocfg.data.dpp.backend import ServiceLimits, ServiceSetup  # noqa: E402
+from neocfg.data.dpp.client import EndOfData  # noqa: E402
+from neocfg.data.dpp.progress import Task  # noqa: E402
+from neocfg.data.dpp.service import DppService  # noqa: E402
+from neocfg.data.dpp.sizing import workers_needed  # noqa: E402
+from neocfg.data.dpp.worker import SplitReader, WorkerSpec  # noqa: E402
+from neocfg.data.parquet_gen import write_dataset  # noqa: E402
+from neocfg.data.transforms import bind  # noqa: E402
+
+MB = 1e6
+
+
+def config(path: Path, samples: int) -> NeocfgConfig:
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        raw = compose("config", overrides=["dsi=parquet_local", f"dsi.path={path}", f"dsi.num_samples={samples}"])
+    return load(raw)
+
+
+def spec_of(cfg: NeocfgConfig) -> WorkerSpec:
+    cols = FeatureColumns.for_model(cfg.model)
+    return WorkerSpec(columns=cols, transforms=tuple(bind(cfg.dsi.transforms, cols)), batch_size=cfg.train.batch_size)
+
+
+def bench_projection(cfg: NeocfgConfig, splits, reps: int) -> dict:
+    out = {}
+    for project in (True, False) * reps:  # interleaved so that machine load hits both alike
+        reader = SplitReader(replace(spec_of(cfg), project=project))
+        t0, rows, nbytes = time.perf_counter(), 0, 0
+        for s in splits:
+            r = reader.process(Task(epoch=0, split=s))
+            rows += r.rows
+            nbytes += r.bytes_read
+        dt = time.perf_counter() - t0
+        reader.close()
+        key = "projected" if project else "all_columns"
+        best = out.get(key)
+        if best is None or rows / dt > best["samples_per_s"]:
+            out[key] = {"samples_per_s": rows / dt, "mb_per_s": nbytes / dt / MB, "bytes_read": nbytes,
+                        "bytes_per_sample": nbytes / rows}
+    out["speedup"] = out["projected"]["samples_per_s"] / out["all_columns"]["samples_per_s"]
+    out["bytes_ratio"] = out["all_columns"]["bytes_read"] / out["projected"]["bytes_read"]
+    return out
+
+
+def service(cfg: NeocfgConfig, splits, workers: int, *, epochs: int | None, split_cost_s: float = 0.0) -> DppService:
+    setup = ServiceSetup(splits=tuple(splits), spec=replace(spec_of(cfg), extra_split_s=split_cost_s), workers=workers,
+                         seed=1, max_epochs=epochs, limits=ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits))
+    return DppService(setup).start()
+
+
+def wait_ready(svc: DppService) -> None:
+    """Until every worker process has started (spawning takes a second): start-up is not throughput."""
+    while not all(w.ready for w in list(svc.backend.workers.values())):
+        time.sleep(0.01)
+
+
+@dataclass(frozen=True)
+class Drain:
+    samples_per_s: float
+    worker_ms_per_split: float  # busy time of a worker per split: grows when workers share too few cores
+
+
+def drain_rate(cfg: NeocfgConfig, splits, workers: int, epochs: int, split_cost_s: float = 0.0) -> Drain:
+    """What one client gets with `workers` workers, timed from the first batch (worker start-up excluded)."""
+    svc = service(cfg, splits, workers, epochs=epochs, split_cost_s=split_cost_s)
+    try:
+        c = svc.clients[0]
+        c.next_arrays()
+        wait_ready(svc)
+        s0, t0, rows = svc.stats(), time.perf_counter(), 0
+        while True:
+            try:
+                rows += c.next_arrays().rows
+            except EndOfData:
+                break
+        dt, s1 = time.perf_counter() - t0, svc.stats()
+        per_split = (s1.worker_busy_s - s0.worker_busy_s) / max(s1.splits_done - s0.splits_done, 1)
+        return Drain(samples_per_s=rows / dt, worker_ms_per_split=1e3 * (per_split - split_cost_s))
+    finally:
+        svc.close()
+
+
+def scaling(cfg: NeocfgConfig, splits, args: argparse.Namespace, split_cost_s: float) -> dict:
+    best: dict[int, Drain] = {}
+    epochs = args.epochs if not split_cost_s else 1
+    for w in (1, 2) * args.reps:  # interleaved, best of reps: other load on the machine hits both alike
+        d = drain_rate(cfg, splits, w, epochs, split_cost_s)
+        if w not in best or d.samples_per_s > best[w].samples_per_s:
+            best[w] = d
+    return {"split_cost_s": split_cost_s, "one_worker": vars(best[1]), "two_workers": vars(best[2]),
+            "ratio": best[2].samples_per_s / best[1].samples_per_s}
+
+
+def stall_run(cfg: NeocfgConfig, splits, workers: int, demand: float, seconds: float, split_cost_s: float) -> dict:
+    svc = service(cfg, splits, workers, epochs=None, split_cost_s=split_cost_s)
+    try:
+        c = svc.clients[0]
+        c.next_arrays()  # start-up (spawning workers) is not a steady-state stall
+        wait_ready(svc)
+        step_s = cfg.train.batch_size / demand
+        waited0, t0, steps = c.wait_s, time.perf_counter(), 0
+        while time.perf_counter() - t0 < seconds:
+            c.next_arrays()
+            steps += 1
+            time.sleep(step_s)  # the trainer's compute
+        wall = time.perf_counter() - t0
+        return {"workers": workers, "steps": steps, "stall_fraction": (c.wait_s - waited0) / wall,
+                "achieved_samples_per_s": steps * cfg.train.batch_size / wall}
+    finally:
+        svc.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=65536)
+    ap.add_argument("--reps", type=int, default=3, help="repetitions (best is kept) of projection and scaling runs")
+    ap.add_argument("--epochs", type=int, default=6, help="epochs per scaling run")
+    ap.add_argument("--split-cost-s", type=float, default=0.1, help="simulated extra cost per split (stall runs)")
+    ap.add_argument("--demand-workers", type=float, default=1.5, help="trainer demand in units of one worker")
+    ap.add_argument("--stall-seconds", type=float, default=6.0)
+    ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp.json")
+    args = ap.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = config(Path(tmp) / "ds", args.samples)
+        write_dataset(cfg)
+        directory = Path(cfg.dsi.path)
+        splits = dataset_splits(directory, Manifest.load(directory), eval=False)
+        res: dict = {"samples": args.samples, "splits": len(splits), "batch_size": cfg.train.batch_size}
+
+        res["projection"] = p = bench_projection(cfg, splits, args.reps)
+        print(f"projection: {p['projected']['samples_per_s']:,.0f} samples/s ({p['projected']['mb_per_s']:.1f} MB/s "
+              f"read) vs all columns {p['all_columns']['samples_per_s']:,.0f} samples/s "
+              f"({p['all_columns']['mb_per_s']:.1f} MB/s) -> speed-up x{p['speedup']:.2f}, "
+              f"bytes read / {p['bytes_ratio']:.2f}")
+
+        for key, cost in (("scaling", 0.0), ("scaling_simulated_cost", args.split_cost_s)):
+            res[key] = r = scaling(cfg, splits, args, cost)
+            one, two = r["one_worker"], r["two_workers"]
+            label = "real preprocessing" if not cost else f"+{cost}s simulated per split"
+            print(f"scaling ({label}): 1 worker {one['samples_per_s']:,.0f} samples/s, 2 workers "
+                  f"{two['samples_per_s']:,.0f} samples/s -> x{r['ratio']:.2f} (worker busy ms per split "
+                  f"{one['worker_ms_per_split']:.1f} -> {two['worker_ms_per_split']:.1f})")
+
+        per_worker = drain_rate(cfg, splits, 1, 1, args.split_cost_s).samples_per_s
+        demand = args.demand_workers * per_worker
+        planned = workers_needed(demand, per_worker, cfg.dsi.headroom)
+        few = max(1, planned - 1) if planned > 1 else 1
+        runs = {name: stall_run(cfg, splits, w, demand, args.stall_seconds, args.split_cost_s)
+                for name, w in (("too_few", few), ("planned", planned))}
+        res["stall"] = {"split_cost_s": args.split_cost_s, "per_worker_samples_per_s": per_worker,
+                        "demand_samples_per_s": demand, "headroom": cfg.dsi.headroom, **runs}
+        print(f"stall: trainer demand {demand:,.0f} samples/s = {args.demand_workers} x one worker "
+              f"({per_worker:,.0f}/s with {args.split_cost_s}s simulated cost per split); planned "
+              f"{planned} workers (headroom {cfg.dsi.headroom}): stall {runs['planned']['stall_fraction']:.1%}; "
+              f"{few} worker(s): stall {runs['too_few']['stall_fraction']:.1%}")
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"results written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""DPP preprocessing: the transforms declared per feature in `dsi.transforms`, applied to one split at a time.
+
+A split's rows are held as numpy columns (float64 with NaN for a missing value; id lists as lengths + flat values)
+and every step is a whole-column numpy operation, never a Python loop over rows:
+
+  filter        rows whose value fails `cmp value` are dropped (a missing value fails every comparison)
+  fill_missing  NaN -> value (dense, label); a missing id list is already empty
+  log           y = ln(max(x + offset, LOG_FLOOR))
+  logit         y = ln(p / (1 - p)), p = clip(x, eps, 1 - eps)
+  bucketize     y = number of boundaries <= x, as a float (NaN stays NaN)
+  hash          id -> id mod num_embeddings of the column's table (modulo hashing, as DLRM's Criteo preprocessing)
+  truncate      each list keeps its first max_ids ids
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from neocfg.config.dsi import TransformConfig
+from neocfg.data.arrays import BatchArrays
+from neocfg.data.dataset import LABEL_COLUMN, SAMPLE_ID_COLUMN, FeatureColumns
+from neocfg.errors import ConfigError, DataError
+from neocfg.types import FilterCmp, TransformOp
+
+# ln() input floor for the log transform: keeps log finite for x + offset <= 0 (ln(1e-12) ~ -27.6).
+LOG_FLOOR = 1e-12
+_SCALAR_OPS = (TransformOp.log, TransformOp.logit, TransformOp.bucketize, TransformOp.filter)
+_LIST_OPS = (TransformOp.hash, TransformOp.truncate)
+_COMPARE = {
+    FilterCmp.eq: np.equal, FilterCmp.ne: np.not_equal, FilterCmp.lt: np.less, FilterCmp.le: np.less_equal,
+    FilterCmp.gt: np.greater, FilterCmp.ge: np.greater_equal,
+}
+
+
+@dataclass
+class IdLists:
+    lengths: np.ndarray  # [n] int64
+    values: np.ndarray   # [sum(lengths)] int64
+
+
+@dataclass
+class SplitRows:
+    """The rows of one split while they are being transformed."""
+
+    scalars: dict[str, np.ndarray]  # dense_<j>, label: float64 (NaN = missing); sample_id: int64
+    lists: dict[str, IdLists]       # sparse_<table>
+
+    @property
+    def rows(self) -> int:
+        return int(self.scalars[SAMPLE_ID_COLUMN].shape[0])
+
+    def select(self, mask: np.ndarray) -> None:
+        for name, col in self.scalars.items():
+            self.scalars[name] = col[mask]
+        for lst in self.lists.values():
+            lst.values = lst.values[np.repeat(mask, lst.lengths)]
+            lst.lengths = lst.lengths[mask]
+
+
+@dataclass(frozen=True)
+class BoundTransform:
+    """A transform resolved against the model's columns (patterns expanded, table sizes known)."""
+
+    config: TransformConfig
+    columns: tuple[str, ...]
+    table_rows: tuple[int, ...]  # per column, for hash (0 for scalar columns)
+
+
+def bind(transforms: list[TransformConfig], columns: FeatureColumns, key: str = "dsi.transforms"
+         ) -> list[BoundTransform]:
+    """Expand each column pattern over the model's columns and check that the op fits the column kind."""
+    scalar_names = [*columns.dense, LABEL_COLUMN, SAMPLE_ID_COLUMN]
+    rows_of = dict(zip(columns.sparse, columns.table_rows))
+    bound = []
+    for i, t in enumerate(transforms):
+        names = [c for c in [*scalar_names, *columns.sparse] if fnmatch.fnmatchcase(c, t.column)]
+        wrong = [c for c in names if (c in rows_of and t.op in _SCALAR_OPS) or (c not in rows_of and t.op in _LIST_OPS)]
+        if wrong:
+            kind = "a dense/label column" if t.op in _SCALAR_OPS else "a sparse id-list column"
+            raise ConfigError(f"{key}.{i}.column", t.column, f"op {t.op.value} needs {kind}, but it matches {wrong[0]}")
+        bound.append(BoundTransform(config=t, columns=tuple(names), table_rows=tuple(rows_of.get(c, 0) for c in names)))
+    return bound
+
+
+def normalization_of(transforms: list[TransformConfig], column: str) -> TransformConfig | None:
+    """The first log/logit declared for a column (mode=gen_data stores raw values this step normalizes)."""
+    for t in transforms:
+        if t.op in (TransformOp.log, TransformOp.logit) and fnmatch.fnmatchcase(column, t.column):
+            return t
+    return None
+
+
+def hashed(transforms: list[TransformConfig], column: str) -> bool:
+    return any(t.op is TransformOp.hash and fnmatch.fnmatchcase(column, t.column) for t in transforms)
+
+
+def from_arrow(table: pa.Table, columns: FeatureColumns, where: str) -> SplitRows:
+    """Numpy columns of a projected table; a missing column or a wrong type is a DataError naming `where`."""
+    names = set(table.column_names)
+    for c in columns.projected:
+        if c not in names:
+            raise DataError(f"{where}: column {c!r} is missing (the model needs it); the file's schema does not match"
+                            f" the model")
+    scalars = {}
+    for c in [*columns.dense, LABEL_COLUMN]:
+        col = table.column(c)
+        if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
+            raise DataError(f"{where}: column {c!r} has type {col.type}, expected a number")
+        scalars[c] = pc.cast(col, pa.float64()).to_numpy()
+    sid = table.column(SAMPLE_ID_COLUMN)
+    if not pa.types.is_integer(sid.type) or sid.null_count:
+        raise DataError(f"{where}: column {SAMPLE_ID_COLUMN!r} must be integers without nulls, got {sid.type}")
+    scalars[SAMPLE_ID_COLUMN] = pc.cast(sid, pa.int64()).to_numpy()
+    lists = {}
+    for c in columns.sparse:
+        col = table.column(c).combine_chunks()
+        if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) \
+                or not pa.types.is_integer(col.type.value_type):
+            raise DataError(f"{where}: column {c!r} has type {col.type}, expected list<int64>")
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
+        values = pc.cast(col.flatten(), pa.int64())
+        if values.null_count:
+            raise DataError(f"{where}: column {c!r} has null ids inside its lists")
+        lists[c] = IdLists(lengths=lengths, values=values.to_numpy())
+    return SplitRows(scalars=scalars, lists=lists)
+
+
+def _filter_mask(x: np.ndarray, t: TransformConfig) -> np.ndarray:
+    valid = ~np.isnan(x) if x.dtype.kind == "f" else np.ones(x.shape, dtype=bool)
+    if t.cmp is FilterCmp.not_null:
+        return valid
+    return valid & _COMPARE[t.cmp](x, t.value)
+
+
+def _scalar_step(x: np.ndarray, t: TransformConfig) -> np.ndarray:
+    if t.op is TransformOp.fill_missing:
+        return np.where(np.isnan(x), t.value, x) if x.dtype.kind == "f" else x
+    if t.op is TransformOp.log:
+        return np.log(np.maximum(x + t.offset, LOG_FLOOR))
+    if t.op is TransformOp.logit:
+        p = np.clip(x, t.eps, 1.0 - t.eps)
+        return np.log(p) - np.log1p(-p)
+    if t.op is TransformOp.bucketize:
+        b = np.searchsorted(np.asarray(t.boundaries, dtype=np.float64), x, side="right").astype(np.float64)
+        return np.where(np.isnan(x), np.nan, b)
+    raise AssertionError(t.op)
+
+
+def _list_step(lst: IdLists, t: TransformConfig, table_rows: int) -> None:
+    if t.op is TransformOp.hash:
+        lst.values = np.mod(lst.values, table_rows)
+    elif t.op is TransformOp.truncate:
+        starts = np.repeat(np.cumsum(lst.lengths) - lst.lengths, lst.lengths)
+        keep = (np.arange(lst.values.shape[0]) - starts) < t.max_ids
+        lst.values = lst.values[keep]
+        lst.lengths = np.minimum(lst.lengths, t.max_ids)
+    # fill_missing: a missing list was read as an empty one already.
+
+
+def apply(rows: SplitRows, transforms: list[BoundTransform]) -> SplitRows:
+    """Run the bound transforms in declared order, in place; returns rows for chaining."""
+    for bt in transforms:
+        t = bt.config
+        for name, table_rows in zip(bt.columns, bt.table_rows):
+            if t.op is TransformOp.filter:
+                rows.select(_filter_mask(rows.scalars[name], t))
+            elif name in rows.lists:
+                _list_step(rows.lists[name], t, table_rows)
+            else:
+                rows.scalars[name] = _scalar_step(rows.scalars[name], t)
+    return rows
+
+
+def to_batch_arrays(rows: SplitRows, columns: FeatureColumns, where: str) -> BatchArrays:
+    """Batch layout, after checking what the model needs: no missing value left, ids inside each table."""
+    for c in [*columns.dense, LABEL_COLUMN]:
+        missing = int(np.isnan(rows.scalars[c]).sum())
+        if missing:
+            hint = "declare a filter (cmp: not_null) on it" if c == LABEL_COLUMN else "declare a fill_missing transform"
+            raise DataError(f"{where}: column {c!r} has {missing} missing values after the transforms; {hint}")
+    for c, table_rows in zip(columns.sparse, columns.table_rows):
+        v = rows.lists[c].values
+        if v.size and (int(v.min()) < 0 or int(v.max()) >= table_rows):
+            raise DataError(f"{where}: column {c!r} has ids outside [0, {table_rows}) (min {int(v.min())}, max "
+                            f"{int(v.max())}); declare a hash transform or fix the model's num_embeddings")
+    n = rows.rows
+    dense = (np.stack([rows.scalars[c] for c in columns.dense], axis=1) if columns.dense
+             else np.zeros((n, 0))).astype(np.float32)
+    lengths = (np.stack([rows.lists[c].lengths for c in columns.sparse]) if columns.sparse
+               else np.zeros((0, n), dtype=np.int64))
+    values = (np.concatenate([rows.lists[c].values for c in columns.sparse]) if columns.sparse
+              else np.zeros(0, dtype=np.int64))
+    return BatchArrays(dense=dense, lengths=lengths.astype(np.int64), values=values.astype(np.int64),
+                       labels=rows.scalars[LABEL_COLUMN].astype(np.float32),
+                       sample_ids=rows.scalars[SAMPLE_ID_COLUMN])

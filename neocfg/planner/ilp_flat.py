@@ -1,0 +1,158 @@
+"""The flat, exact ILP for small instances: choose one option per table and put every piece on a device
+(distinct devices for column slices, one node for table-row-wise / table-column-wise), per-device memory per tier,
+minimize the busiest device's time (+ a tiny tie-breaker on total communication). Symmetry breaking: identical
+devices are sorted by load within a node and symmetric nodes by their busiest device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import pulp
+
+from neocfg.planner import cbc
+from neocfg.planner.bounds import simple_lower_bound
+from neocfg.planner.ilp_problem import IlpProblem, run_model
+from neocfg.planner.loads import DeviceLoads
+from neocfg.planner.types import Placement, ShardingOption, Spread, Storage, Topology
+
+Key = tuple[int, int]   # (table, option index)
+
+
+@dataclass
+class FlatModel:
+    p: IlpProblem
+    prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("neocfg_flat", pulp.LpMinimize))
+    choose: list[list[pulp.LpVariable]] = field(default_factory=list)
+    dev_vars: dict[Key, dict[int, pulp.LpVariable]] = field(default_factory=dict)
+    node_vars: dict[Key, dict[int, pulp.LpVariable]] = field(default_factory=dict)
+    terms: dict[str, list[list]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.T = cbc.var(self.prob, "T", low=0)
+        self.terms = {k: [[] for _ in range(self.p.topo.world)] for k in ("time", "hbm", "host")}
+        for t, opts in enumerate(self.p.options):
+            xs = [cbc.var(self.prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
+            self.choose.append(xs)
+            self.prob += pulp.lpSum(xs) == 1, f"one_{t}"
+            for i, o in enumerate(opts):
+                self._add_option((t, i), o, xs[i])
+        self._add_device_rows()
+
+    def _load(self, d: int, o: ShardingOption, var: pulp.LpVariable) -> None:
+        self.terms["time"][d].append((var, o.perf.total))
+        self.terms["hbm"][d].append((var, o.storage.hbm))
+        self.terms["host"][d].append((var, o.storage.host))
+
+    def _add_option(self, key: Key, o: ShardingOption, x: pulp.LpVariable) -> None:
+        topo, prob, (t, i) = self.p.topo, self.prob, key
+        if o.fixed_ranks is not None or o.spread is Spread.world:
+            for d in (o.fixed_ranks if o.fixed_ranks is not None else range(topo.world)):
+                self._load(d, o, x)
+            return
+        if o.spread in (Spread.node, Spread.node_distinct):
+            ns = {n: cbc.var(prob, f"n_{t}_{i}_{n}", cat="Binary") for n in range(topo.nodes)}
+            self.node_vars[key] = ns
+            prob += pulp.lpSum(ns.values()) == x
+            if o.spread is Spread.node:
+                for d in range(topo.world):
+                    self._load(d, o, ns[topo.node_of(d)])
+                return
+        zs = {d: cbc.var(prob, f"z_{t}_{i}_{d}", cat="Binary") for d in range(topo.world)}
+        self.dev_vars[key] = zs
+        prob += pulp.lpSum(zs.values()) == o.num_pieces * x
+        for d, z in zs.items():
+            if o.spread is Spread.node_distinct:
+                prob += z <= self.node_vars[key][topo.node_of(d)]
+            self._load(d, o, z)
+
+    def _add_device_rows(self) -> None:
+        p, prob, topo = self.p, self.prob, self.p.topo
+        dev_time = [pulp.lpSum(c * v for v, c in self.terms["time"][d]) for d in range(topo.world)]
+        prob += self.T >= p.offset_ms + simple_lower_bound(topo, p.options), "known_bound"
+        for d in range(topo.world):
+            prob += dev_time[d] + p.offset_ms <= self.T, f"time_{d}"
+            prob += pulp.lpSum(c * v for v, c in self.terms["hbm"][d]) <= p.capacity.hbm, f"hbm_{d}"
+            prob += pulp.lpSum(c * v for v, c in self.terms["host"][d]) <= p.capacity.host, f"host_{d}"
+        pinned = p.pinned
+        free = [d for d in range(topo.world) if d not in pinned]
+        for a, b in zip(free, free[1:]):
+            if topo.node_of(a) == topo.node_of(b):
+                prob += dev_time[a] >= dev_time[b], f"sym_{a}"
+        if not pinned:
+            pn = topo.devices_per_node
+            for n in range(topo.nodes - 1):
+                prob += dev_time[n * pn] >= dev_time[(n + 1) * pn], f"symnode_{n}"
+
+    def set_objective(self, weight: float) -> None:
+        comm = pulp.lpSum(o.total_comm * self.choose[t][i]
+                          for t, opts in enumerate(self.p.options) for i, o in enumerate(opts))
+        self.prob += self.T + weight * comm
+
+    def warm_start(self, warm: Sequence[Placement], upper: float) -> None:
+        for t, pl in enumerate(warm):
+            chosen = next(j for j, o in enumerate(self.p.options[t]) if o is pl.option)
+            for j, x in enumerate(self.choose[t]):
+                x.setInitialValue(1.0 if j == chosen else 0.0)
+                for d, z in self.dev_vars.get((t, j), {}).items():
+                    z.setInitialValue(1.0 if j == chosen and d in pl.ranks else 0.0)
+                node = self.p.topo.node_of(pl.ranks[0])
+                for n, v in self.node_vars.get((t, j), {}).items():
+                    v.setInitialValue(1.0 if j == chosen and n == node else 0.0)
+        self.T.setInitialValue(upper)
+
+    def placements(self) -> list[Placement]:
+        out = []
+        for t, opts in enumerate(self.p.options):
+            i = max(range(len(opts)), key=lambda j: self.choose[t][j].value() or 0.0)
+            out.append(self._placement((t, i), opts[i]))
+        return out
+
+    def _placement(self, key: Key, o: ShardingOption) -> Placement:
+        topo = self.p.topo
+        if o.fixed_ranks is not None:
+            return Placement(o, o.fixed_ranks)
+        if o.spread is Spread.world:
+            return Placement(o, tuple(range(topo.world)))
+        if o.spread is Spread.node:
+            node = max(self.node_vars[key].items(), key=lambda kv: kv[1].value() or 0.0)[0]
+            return Placement(o, topo.node_ranks(node))
+        zs = self.dev_vars[key]
+        ranks = sorted(zs, key=lambda d: -(zs[d].value() or 0.0))[:o.num_pieces]
+        return Placement(o, tuple(sorted(ranks)))
+
+
+def canonical(topo: Topology, capacity: Storage, placements: Sequence[Placement],
+              pinned: set[int]) -> list[Placement]:
+    """The same plan with devices renumbered as the symmetry-breaking constraints want: free devices sorted by load
+    within their node; without pinned devices also nodes sorted by their busiest device."""
+    time_ = DeviceLoads.of(topo, capacity, placements).time
+    pn = topo.devices_per_node
+    nodes = list(range(topo.nodes))
+    if not pinned:
+        nodes.sort(key=lambda n: -max(time_[r] for r in topo.node_ranks(n)))
+    new_rank = {}
+    for new_node, old_node in enumerate(nodes):
+        ranks = topo.node_ranks(old_node)
+        free_old = sorted((r for r in ranks if r not in pinned), key=lambda r: -time_[r])
+        free_new = [new_node * pn + (r - old_node * pn) for r in ranks if r not in pinned]
+        new_rank.update(zip(free_old, free_new))
+        new_rank.update({r: r for r in ranks if r in pinned})
+    out = []
+    for pl in placements:
+        ranks = tuple(new_rank[r] for r in pl.ranks)
+        if pl.option.spread in (Spread.world, Spread.node):
+            ranks = tuple(sorted(ranks))
+        out.append(Placement(pl.option, ranks))
+    return out
+
+
+def solve_flat(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[Optional[list[Placement]], float, str]:
+    """Returns (placements or None, proven lower bound on the busiest device's embedding time, status)."""
+    model = FlatModel(p)
+    out, weight = run_model(p, model, canonical(p.topo, p.capacity, warm, p.pinned) if warm else None)
+    if out.objective is None:
+        if out.status == "infeasible":
+            return None, float("inf"), "infeasible"
+        return None, p.bound_on_makespan(out.bound, weight), out.status
+    return model.placements(), p.bound_on_makespan(out.bound, weight), out.status

@@ -1,0 +1,95 @@
+"""Shared helpers of the planner tests: small configs with round numbers, brute force, plan checks."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Sequence
+
+from neocfg.plan import Plan
+from neocfg.planner.loads import DeviceLoads
+from neocfg.planner.types import Placement, ShardingOption, Spread, Topology
+
+from conftest import compose_cfg
+
+# A cluster with round numbers: 2 nodes x 4 devices, every efficiency 1, no per-shard overhead.
+ROUND_HW = ["hardware=zionex_2node", "hardware.devices_per_node=4", "hardware.intra_node_bandwidth_gbs=100",
+            "hardware.inter_node_bandwidth_gbs=10", "hardware.device.hbm_bandwidth_gbs=1000",
+            "hardware.host.pcie_bandwidth_gbs=10", "train.batch_size=100", "planner.costs.hbm_efficiency=1",
+            "planner.costs.pcie_efficiency=1", "planner.costs.comm_efficiency=1", "planner.costs.shard_overhead_us=0"]
+
+
+def tables_override(rows: Sequence[tuple[str, int, int, float]]) -> str:
+    items = ",".join(f"{{name:{n},num_embeddings:{r},embedding_dim:{d},pooling_factor:{p},zipf_alpha:1.0}}"
+                     for n, r, d, p in rows)
+    return f"model.tables=[{items}]"
+
+
+def round_cfg(rows: Sequence[tuple[str, int, int, float]], *extra: str):
+    return compose_cfg(ROUND_HW + [tables_override(rows), "model.interaction=dcn", "model.bottom_mlp=[8]",
+                                   "model.top_mlp=[4,1]", "model.num_dense_features=4", *extra])
+
+
+def placements_of(topo: Topology, o: ShardingOption) -> list[tuple[int, ...]]:
+    """Every distinct way to put an option's pieces on devices (slices are identical, so sets of devices)."""
+    if o.fixed_ranks is not None:
+        return [o.fixed_ranks]
+    if o.spread is Spread.world:
+        return [tuple(range(topo.world))]
+    if o.spread is Spread.node:
+        return [topo.node_ranks(n) for n in range(topo.nodes)]
+    if o.spread is Spread.node_distinct:
+        return [c for n in range(topo.nodes) for c in itertools.combinations(topo.node_ranks(n), o.num_pieces)]
+    return list(itertools.combinations(range(topo.world), o.num_pieces))
+
+
+def brute_force_makespan(topo: Topology, capacity, options: Sequence[Sequence[ShardingOption]]) -> float:
+    """The least busiest-device time over every option choice and placement that fits memory."""
+    per_table = [[Placement(o, r) for o in opts for r in placements_of(topo, o)] for opts in options]
+    best = float("inf")
+    for combo in itertools.product(*per_table):
+        loads = DeviceLoads.of(topo, capacity, combo)
+        if loads.over_capacity() is None:
+            best = min(best, float(loads.time.max()))
+    return best
+
+
+def check_plan_contract(plan: Plan, hbm_capacity: int | None = None) -> None:
+    """Shard geometry the runtime relies on, and memory per device."""
+    w, p = plan.world_size, plan.devices_per_node
+    assert w == plan.nodes * p and len(plan.devices) == w
+    for t in plan.tables:
+        ranks = [s.rank for s in t.shards]
+        assert ranks == sorted(ranks), t.name
+        assert all(0 <= r < w for r in ranks)
+        kind = t.sharding.value
+        if kind in ("row_wise", "table_row_wise"):
+            assert len(ranks) == (w if kind == "row_wise" else p)
+            if kind == "table_row_wise":
+                assert len({r // p for r in ranks}) == 1
+            off = 0
+            for s in t.shards:
+                assert s.row_offset == off and s.num_rows > 0 and s.col_offset == 0 and s.num_cols == t.embedding_dim
+                off += s.num_rows
+            assert off == t.num_embeddings
+        elif kind in ("column_wise", "table_column_wise"):
+            assert len(set(ranks)) == len(ranks) >= 2
+            if kind == "table_column_wise":
+                assert len({r // p for r in ranks}) == 1
+            cols = sorted((s.col_offset, s.num_cols) for s in t.shards)
+            off = 0
+            for c0, nc in cols:
+                assert c0 == off and nc % 4 == 0 and nc >= 4
+                off += nc
+            assert off == t.embedding_dim
+            assert all(s.row_offset == 0 and s.num_rows == t.num_embeddings for s in t.shards)
+        elif kind == "data_parallel":
+            assert ranks == list(range(w))
+            assert all(s.num_rows == t.num_embeddings and s.num_cols == t.embedding_dim for s in t.shards)
+        else:
+            assert len(ranks) == 1
+            s = t.shards[0]
+            assert (s.row_offset, s.num_rows, s.col_offset, s.num_cols) == (0, t.num_embeddings, 0, t.embedding_dim)
+    if hbm_capacity is not None:
+        assert all(d.hbm_bytes <= hbm_capacity for d in plan.devices)
+    assert plan.solver.lower_bound_ms <= plan.solver.objective_ms + 1e-9
+    assert abs(plan.estimate.step_ms - max(d.total_ms for d in plan.devices)) < 1e-9

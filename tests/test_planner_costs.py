@@ -1,0 +1,137 @@
+"""Issue 3: every cost formula against hand-computed values (round-number cluster, efficiencies 1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from neocfg.planner.costs import CostModel, dense_cost, dense_flops_and_params, generalized_harmonic, zipf_hit_rate
+from neocfg.types import MemoryTier, ShardingType, WeightsDtype
+
+from planner_helpers import round_cfg
+
+# 2 nodes x 4 devices (W=8), B=100 (G=800), intra 100 GB/s, inter 10 GB/s, HBM 1000 GB/s, PCIe 10 GB/s.
+# A table of 1000 rows x 16 dims, pooling 2.
+TABLE = [("t", 1000, 16, 2)]
+A2A = (3 / 8 / 100e9 + 4 / 8 / 10e9) * 1e3      # ms per byte, a device exchanging with the world
+RS = (3 / 4 / 100e9 + 1 / 2 / 4 / 10e9) * 1e3   # ms per byte, hierarchical reduce-scatter
+RS_NODE = (3 / 4 / 100e9) * 1e3                 # ms per byte, reduce-scatter within the node
+
+
+@pytest.fixture(scope="module")
+def cost():
+    return CostModel.from_config(round_cfg(TABLE))
+
+
+@pytest.fixture(scope="module")
+def table():
+    return round_cfg(TABLE).model.tables[0]
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-9, abs=1e-15)
+
+
+def test_bandwidth_factors(cost):
+    assert cost.a2a_ms_per_byte() == approx(A2A)
+    assert cost.reduce_scatter_ms_per_byte() == approx(RS)
+    assert cost.reduce_scatter_ms_per_byte(within_node=True) == approx(RS_NODE)
+    assert cost.allreduce_ms(1000) == approx(2 * 1000 * RS)
+
+
+def test_table_wise(cost, table):
+    perf, st = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    fwd = 800 * 2 * 16 * 4 / 1000e9 * 1e3          # G*L rows of 16 fp32 from HBM
+    assert perf.fwd_compute == approx(fwd)
+    assert perf.bwd_compute == approx(2 * fwd)       # bwd_compute_multiplier
+    assert perf.fwd_comm == approx((800 * 2 * 8 + 800 * 16 * 4) * A2A)  # ids in, pooled out
+    assert perf.bwd_comm == approx(800 * 16 * 4 * A2A)                  # pooled gradients in
+    # weights + row-wise Adagrad state + ids + pooled outputs and their gradients
+    assert st.hbm == 1000 * 16 * 4 + 1000 * 4 + 800 * 2 * 8 + 2 * 800 * 16 * 4 and st.host == 0
+
+
+def test_fp16_and_fp16_comm(table):
+    cost = CostModel.from_config(round_cfg(TABLE, "planner.a2a_fwd_dtype=fp16", "planner.a2a_bwd_dtype=bf16"))
+    perf, st = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp16, 1)
+    assert perf.fwd_compute == approx(800 * 2 * 16 * 2 / 1000e9 * 1e3)
+    assert perf.fwd_comm == approx((800 * 2 * 8 + 800 * 16 * 2) * A2A)
+    assert perf.bwd_comm == approx(800 * 16 * 2 * A2A)
+    assert st.hbm == 1000 * 16 * 2 + 1000 * 4 + 800 * 2 * 8 + 2 * 800 * 16 * 4
+
+
+def test_column_wise_slice(cost, table):
+    perf, st = cost.piece(table, ShardingType.column_wise, MemoryTier.hbm, WeightsDtype.fp32, 4)
+    assert perf.fwd_compute == approx(800 * 2 * 4 * 4 / 1000e9 * 1e3)
+    assert perf.fwd_comm == approx((800 * 2 * 8 + 800 * 4 * 4) * A2A)  # every slice receives all ids
+    assert st.hbm == 1000 * 4 * 4 + 1000 * 4 + 800 * 2 * 8 + 2 * 800 * 4 * 4
+
+
+def test_row_wise(cost, table):
+    perf, st = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(100 * 2 * 16 * 4 / 1000e9 * 1e3)      # B*L rows per device
+    assert perf.fwd_comm == approx(100 * 2 * 8 * A2A + 800 * 16 * 4 * RS)    # ids + reduce-scatter
+    assert perf.bwd_comm == approx(800 * 16 * 4 * RS)                       # all-gather of gradients
+    assert st.hbm == 125 * 16 * 4 + 125 * 4 + 100 * 2 * 8 + 2 * 800 * 16 * 4  # ceil(1000/8) = 125 rows
+
+
+def test_table_row_wise(cost, table):
+    perf, _ = cost.piece(table, ShardingType.table_row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(800 * 2 / 4 * 16 * 4 / 1000e9 * 1e3)
+    out = 800 * 16 * 4 * RS_NODE + 800 / 4 * 16 * 4 * A2A   # intra-node reduce-scatter + inter-node all-to-all
+    assert perf.fwd_comm == approx(800 * 2 / 4 * 8 * A2A + out)
+    assert perf.bwd_comm == approx(out)
+
+
+def test_data_parallel(cost, table):
+    perf, st = cost.piece(table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(100 * 2 * 16 * 4 / 1000e9 * 1e3)
+    assert perf.fwd_comm == 0
+    assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)   # dense gradient all-reduce, fp32
+    assert st.hbm == 1000 * 16 * 4 * 2 + 1000 * 4 + 100 * 2 * 8 + 2 * 100 * 16 * 4  # + the replica's gradient
+
+
+def test_uvm_caching_and_host(cost, table):
+    h = sum(k ** -1.0 for k in range(1, 201)) / sum(k ** -1.0 for k in range(1, 1001))
+    assert zipf_hit_rate(1000, 1.0, 0.2) == approx(h)
+    perf, st = cost.piece(table, ShardingType.table_wise, MemoryTier.uvm_caching, WeightsDtype.fp32, 1)
+    nbytes = 800 * 2 * 16 * 4
+    assert perf.fwd_compute == approx(nbytes * (h / 1000e9 + (1 - h) / 10e9) * 1e3)
+    buffers = 800 * 2 * 8 + 2 * 800 * 16 * 4
+    assert st.hbm == 200 * 16 * 4 + 200 * 16 + buffers      # cache rows + metadata (16 B/row) + buffers
+    assert st.host == 1000 * 16 * 4 + 1000 * 4
+    perf, st = cost.piece(table, ShardingType.table_wise, MemoryTier.host, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(nbytes / 10e9 * 1e3)
+    assert st.hbm == buffers and st.host == 1000 * 16 * 4 + 1000 * 4
+
+
+def test_optimizer_state(table):
+    for opt, state in (("exact_adagrad", 1000 * 16 * 4), ("exact_sgd", 0)):
+        cost = CostModel.from_config(round_cfg(TABLE, f"train.sparse_optimizer={opt}"))
+        _, st = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        assert st.hbm == 1000 * 16 * 4 + state + 800 * 2 * 8 + 2 * 800 * 16 * 4
+
+
+def test_harmonic_tail_is_accurate():
+    exact = sum(k ** -1.05 for k in range(1, 200_001))
+    assert generalized_harmonic(200_000, 1.05) == pytest.approx(exact, rel=1e-8)
+    assert zipf_hit_rate(10, 1.0, 1.0) == 1.0
+
+
+def test_dense_flops_params_and_time():
+    cfg = round_cfg(TABLE)   # 4 dense -> bottom [8]; dcn over x = 16 + 8 = 24, 3 layers rank 512; top [4, 1]
+    flops, params = dense_flops_and_params(cfg.model)
+    x, r = 24, 512
+    assert flops == 2 * 4 * 8 + 3 * (4 * x * r + 3 * x) + 2 * (24 * 4 + 4 * 1)
+    assert params == (4 * 8 + 8) + 3 * (2 * x * r + x) + (24 * 4 + 4) + (4 * 1 + 1)
+    d = dense_cost(cfg)
+    rate = 156e12 * 0.4  # zionex peak x dense_mfu
+    assert d.perf.fwd_compute == approx(flops * 100 / rate * 1e3)
+    assert d.perf.bwd_compute == approx(2 * flops * 100 / rate * 1e3)
+    assert d.perf.bwd_comm == approx(2 * params * 4 * RS)
+    assert d.resident_bytes == params * 4 * 2  # fp32 + Adagrad state
+
+
+def test_capacity_reserves():
+    cfg = round_cfg(TABLE)
+    cost = CostModel.from_config(cfg)
+    assert cost.hbm_capacity == int(40 * 1024**3 * 0.9) - dense_cost(cfg).resident_bytes
+    assert cost.host_capacity == int(1536 * 1024**3 * 0.8 / 4)

@@ -1,0 +1,105 @@
+"""Issue 3: candidate options per sharding type, constraints, CPU tiers, pruning and unfit tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from neocfg.errors import ConfigError, InfeasibleError
+from neocfg.planner.costs import CostModel
+from neocfg.planner.options import all_options, table_options
+from neocfg.types import MemoryTier, ShardingType, WeightsDtype
+
+from conftest import compose_cfg
+from planner_helpers import round_cfg
+
+
+def kinds(opts):
+    return {(o.sharding, o.num_pieces) for o in opts}
+
+
+def test_every_sharding_type_offered_with_its_piece_count():
+    cfg = round_cfg([("t", 100_000, 64, 4)], "planner.costs.comm_tiebreak=0")
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    got = kinds(opts)
+    assert (ShardingType.table_wise, 1) in got
+    assert (ShardingType.row_wise, 8) in got and (ShardingType.data_parallel, 8) in got
+    assert (ShardingType.table_row_wise, 4) in got
+    cw = {k for s, k in got if s is ShardingType.column_wise}
+    twcw = {k for s, k in got if s is ShardingType.table_column_wise}
+    assert cw and cw <= {2, 4, 8} and twcw and twcw <= {2, 4}   # TWCW within one node of 4
+    assert all(64 // k % 4 == 0 for k in cw | twcw)
+    tiers = {o.tier for o in opts}
+    assert MemoryTier.hbm in tiers and all(o.dtype is WeightsDtype.fp32 for o in opts)
+    assert all(o.tier is MemoryTier.hbm for o in opts if o.sharding is ShardingType.data_parallel)
+
+
+def test_slices_keep_width_multiple_of_4():
+    cfg = round_cfg([("t", 1000, 12, 1)])   # 12 columns: only 3 slices of 4 would do; 3 is no power of 2 < 8 ...
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    for o in opts:
+        if o.sharding in (ShardingType.column_wise, ShardingType.table_column_wise):
+            assert 12 % o.num_pieces == 0 and (12 // o.num_pieces) % 4 == 0
+
+
+def test_row_wise_needs_a_row_per_rank():
+    cfg = round_cfg([("t", 5, 16, 1)])       # 5 rows cannot be ceil-split over 8 ranks without an empty one
+    got = kinds(table_options(cfg, CostModel.from_config(cfg), 0))
+    assert not any(s is ShardingType.row_wise for s, _ in got)
+
+
+def test_table_and_planner_constraints_narrow():
+    cfg = round_cfg([("t", 100_000, 64, 4)], "+model.tables.0.sharding_types=[row_wise,table_wise]",
+                    "planner.weights_dtypes=[fp32,fp16]", "+model.tables.0.memory_tiers=[uvm_caching]")
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    assert {o.sharding for o in opts} <= {ShardingType.row_wise, ShardingType.table_wise}
+    assert {o.tier for o in opts} == {MemoryTier.uvm_caching}
+    assert {o.dtype for o in opts} <= {WeightsDtype.fp32, WeightsDtype.fp16}
+
+
+def test_forced_ranks():
+    cfg = round_cfg([("t", 1000, 16, 1)], "+model.tables.0.ranks=[5]")
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    assert {o.sharding for o in opts} == {ShardingType.table_wise} and all(o.fixed_ranks == (5,) for o in opts)
+    cfg = round_cfg([("t", 1000, 16, 1)], "+model.tables.0.ranks=[1,2]")
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    assert {(o.sharding, o.num_pieces) for o in opts} == {(ShardingType.column_wise, 2),
+                                                         (ShardingType.table_column_wise, 2)}
+
+
+def test_cpu_devices_only_use_their_own_memory():
+    cfg = compose_cfg(["model=dlrm_tiny", "hardware=cpu_local"])
+    opts = all_options(cfg, CostModel.from_config(cfg))
+    assert all(o.tier is MemoryTier.hbm for table in opts for o in table)
+    with pytest.raises(ConfigError, match="planner.memory_tiers"):
+        all_options(*(lambda c: (c, CostModel.from_config(c)))(
+            compose_cfg(["model=dlrm_tiny", "hardware=cpu_local", "planner.memory_tiers=[host]"])))
+
+
+def test_dominated_options_are_pruned():
+    cfg = round_cfg([("t", 1000, 16, 1)], "planner.weights_dtypes=[fp32,fp16]")
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    # fp16 in HBM is faster and smaller than fp32 in HBM for the same sharding: fp32 HBM table-wise is dominated
+    tw_hbm = [o for o in opts if o.sharding is ShardingType.table_wise and o.tier is MemoryTier.hbm]
+    assert [o.dtype for o in tw_hbm] == [WeightsDtype.fp16]
+
+
+def test_table_too_large_names_table_limit_and_fix():
+    cfg = compose_cfg(["model=neo_model_f_12t", "hardware=zionex_1node"])
+    with pytest.raises(InfeasibleError) as e:
+        all_options(cfg, CostModel.from_config(cfg))
+    msg = str(e.value)
+    assert "\n" not in msg and "does not fit" in msg and "GiB" in msg
+    assert "fp16" in msg and "hardware.nodes>=" in msg
+
+
+def test_total_memory_names_limit():
+    cfg = compose_cfg(["model=neo_model_f_12t", "hardware=zionex_16node"])
+    with pytest.raises(InfeasibleError, match=r"need at least .* GiB .* in total.*hardware.nodes>="):
+        all_options(cfg, CostModel.from_config(cfg))
+
+
+def test_impossible_constraints_name_the_table():
+    cfg = compose_cfg(["hardware=zionex_2node", "+model.tables.0.ranks=[3,9]",
+                       "+model.tables.0.sharding_types=[table_column_wise]"])
+    with pytest.raises(ConfigError, match=r"model.tables.0='t0' is invalid: no allowed way to shard it.*ranks \[3, 9\]"):
+        all_options(cfg, CostModel.from_config(cfg))

@@ -1,0 +1,143 @@
+"""Issue 3: greedy and ILP planners. Tiny instances come out exactly optimal (brute force); every plan respects
+memory, keeps the shard geometry contract and reports a lower bound <= its objective."""
+
+from __future__ import annotations
+
+import pytest
+
+from neocfg.errors import InfeasibleError
+from neocfg.planner import make_plan
+from neocfg.planner.costs import CostModel
+from neocfg.planner.greedy import greedy_place
+from neocfg.planner.ilp_flat import solve_flat
+from neocfg.planner.ilp_problem import IlpProblem
+from neocfg.planner.loads import DeviceLoads
+from neocfg.planner.options import all_options
+from neocfg.types import ShardingType
+
+from conftest import compose_cfg
+from planner_helpers import brute_force_makespan, check_plan_contract, round_cfg
+
+# 1 node x 3 devices; HBM per device small enough that memory binds.
+TINY_HW = ["hardware.nodes=1", "hardware.devices_per_node=3", "planner.costs.comm_tiebreak=0",
+           "planner.mip_gap=0", "planner.exact_max_variables=100000"]
+TINY_INSTANCES = [
+    [("a", 40_000, 16, 8), ("b", 20_000, 16, 3), ("c", 5_000, 16, 1), ("d", 60_000, 16, 2), ("e", 300, 16, 5)],
+    [("a", 10_000, 24, 1), ("b", 10_000, 24, 1), ("c", 10_000, 24, 1), ("d", 10_000, 24, 1),
+     ("e", 2_000, 8, 20), ("f", 700, 8, 3)],
+]
+
+
+def tiny(rows, hbm_gib: float, shardings: str):
+    return round_cfg(rows, *TINY_HW, f"hardware.device.hbm_gib={hbm_gib}", f"planner.sharding_types={shardings}",
+                     "planner.memory_tiers=[hbm]")
+
+
+@pytest.mark.parametrize("case", range(len(TINY_INSTANCES)))
+def test_ilp_is_exactly_optimal_on_tiny_instances(case):
+    # Small enough to enumerate: table-wise, column-wise and row-wise on 3 devices, memory binding.
+    cfg = tiny(TINY_INSTANCES[case], hbm_gib=0.0115, shardings="[table_wise,column_wise,row_wise]")
+    cost = CostModel.from_config(cfg)
+    options = all_options(cfg, cost)
+    best = brute_force_makespan(cost.topo, cost.capacity, options)
+    p = IlpProblem(cost.topo, cost.capacity, options, tuple(t.name for t in cfg.model.tables), 30, 0.0, 0.0)
+    warm = list(greedy_place(cost.topo, cost.capacity, options, p.names))
+    placed, bound, status = solve_flat(p, warm)
+    loads = DeviceLoads.of(cost.topo, cost.capacity, placed)
+    assert loads.over_capacity() is None
+    assert float(loads.time.max()) == pytest.approx(best, rel=1e-7)
+    assert bound <= best * (1 + 1e-7) and bound >= best * (1 - 1e-6)
+    plan = make_plan(cfg)
+    assert plan.solver.gap <= 1e-6 and plan.solver.status == "optimal"
+
+
+def test_flat_ilp_handles_node_options_and_beats_or_ties_greedy():
+    cfg = round_cfg(TINY_INSTANCES[0], "planner.mip_gap=0", "planner.costs.comm_tiebreak=0")
+    greedy = make_plan(compose_cfg_like(cfg, "greedy"))
+    ilp = make_plan(cfg)
+    check_plan_contract(ilp)
+    assert ilp.solver.objective_ms <= greedy.solver.objective_ms + 1e-9
+    assert ilp.solver.gap <= 1e-6
+
+
+def compose_cfg_like(cfg, algorithm: str):
+    import dataclasses
+
+    from neocfg.types import PlannerAlgorithm
+
+    return dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, algorithm=PlannerAlgorithm(algorithm)))
+
+
+@pytest.mark.parametrize("model,hardware", [("dlrm_tiny", "cpu_local"), ("criteo_kaggle", "cpu_local"),
+                                            ("criteo_kaggle", "zionex_1node"), ("criteo_tb_mlperf_v1", "zionex_2node"),
+                                            ("dcnv2_mlperf", "zionex_1node")])
+@pytest.mark.parametrize("algorithm", ["greedy", "ilp"])
+def test_presets_plan_within_memory_and_contract(model, hardware, algorithm):
+    cfg = compose_cfg([f"model={model}", f"hardware={hardware}", f"planner.algorithm={algorithm}"])
+    plan = make_plan(cfg)
+    cost = CostModel.from_config(cfg)
+    check_plan_contract(plan)
+    assert all(d.host_bytes <= cost.host_capacity for d in plan.devices)
+    assert all(d.hbm_bytes <= cfg.hardware.device.hbm_gib * 1024**3 for d in plan.devices)
+    assert plan.solver.algorithm.startswith(algorithm)
+    assert plan.dpp is not None and plan.dpp.workers >= 1
+
+
+def test_dcnv2_on_zionex_16node_gap_within_5_percent():
+    cfg = compose_cfg(["model=dcnv2_mlperf", "hardware=zionex_16node"])
+    plan = make_plan(cfg)
+    check_plan_contract(plan, hbm_capacity=40 * 1024**3)
+    assert plan.solver.gap <= 0.05
+    greedy = make_plan(compose_cfg_like(cfg, "greedy"))
+    assert plan.solver.objective_ms <= greedy.solver.objective_ms + 1e-9
+
+
+def test_prod_856_on_zionex_16node_gap_within_5_percent():
+    cfg = compose_cfg(["model=prod_856", "hardware=zionex_16node"])
+    plan = make_plan(cfg)
+    assert len(plan.tables) == 856
+    check_plan_contract(plan, hbm_capacity=40 * 1024**3)
+    assert plan.solver.gap <= 0.05
+
+
+def test_memory_tight_plan_uses_slower_tiers_and_never_overfills():
+    cfg = compose_cfg(["model=prod_856", "hardware=zionex_2node", "planner.time_limit_s=20"])
+    plan = make_plan(cfg)
+    cost = CostModel.from_config(cfg)
+    check_plan_contract(plan)
+    assert {t.memory.value for t in plan.tables} - {"hbm"}   # does not fit in HBM alone
+    assert all(d.host_bytes <= cost.host_capacity for d in plan.devices)
+    assert max(d.hbm_bytes for d in plan.devices) <= 40 * 1024**3 * 0.9 + 1
+
+
+def test_forced_placement_is_kept():
+    cfg = compose_cfg(["model=dlrm_tiny", "hardware=zionex_1node", "+model.tables.0.ranks=[6]",
+                       "+model.tables.1.ranks=[2,5]",
+                       "dsi.trainer_ingest_gbs=1000"])
+    plan = make_plan(cfg)
+    assert [s.rank for s in plan.table("t0").shards] == [6]
+    t1 = plan.table("t1")
+    assert t1.sharding in (ShardingType.column_wise, ShardingType.table_column_wise)
+    assert [s.rank for s in t1.shards] == [2, 5] and [s.col_offset for s in t1.shards] == [0, 8]
+
+
+def test_infeasible_from_make_plan():
+    with pytest.raises(InfeasibleError, match="f0"):
+        make_plan(compose_cfg(["model=neo_model_f_12t", "hardware=zionex_1node"]))
+
+
+def test_greedy_is_largest_first_onto_least_loaded():
+    # Table-wise only, 3 devices, tables whose times are proportional to pooling: LPT puts 8 | 5+1 | 4+3 ... exactly
+    rows = [("p8", 1000, 16, 8), ("p5", 1000, 16, 5), ("p4", 1000, 16, 4), ("p3", 1000, 16, 3), ("p1", 1000, 16, 1)]
+    cfg = round_cfg(rows, "hardware.nodes=1", "hardware.devices_per_node=3", "planner.sharding_types=[table_wise]",
+                    "planner.memory_tiers=[hbm]", "planner.algorithm=greedy")
+    cost = CostModel.from_config(cfg)
+    options = all_options(cfg, cost)
+    placed = greedy_place(cost.topo, cost.capacity, options, [r[0] for r in rows])
+    by_rank: dict[int, list[str]] = {}
+    for (name, *_), p in zip(rows, placed):
+        by_rank.setdefault(p.ranks[0], []).append(name)
+    groups = sorted(sorted(v) for v in by_rank.values())
+    assert groups == [["p1", "p4"], ["p3", "p5"], ["p8"]] or groups == [["p1", "p5"], ["p3", "p4"], ["p8"]]
+    plan = make_plan(cfg)
+    assert plan.solver.algorithm == "greedy" and plan.solver.lower_bound_ms <= plan.solver.objective_ms
