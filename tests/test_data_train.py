@@ -42,6 +42,9 @@ def test_train_from_parquet_and_resume_after_a_killed_rank(cli, tmp_path):
         assert d["samples_delivered"] == STEPS * 64 and d["duplicate_samples"] == 0
         assert d["dpp.workers"] == 1 and d["dpp.worker_restarts"] == 0 and d["dpp.bytes_read"] > 0
         assert 0.0 <= d["data_stall_fraction"] <= 1.0
+    assert m["samples_delivered"] == 2 * STEPS * 64 and m["duplicate_samples"] == 0
+    assert m["dpp"]["workers"] == 2 and m["dpp"]["worker_restarts"] == 0 and m["dpp"]["bytes_read"] > 0
+    assert 0.0 <= m["data_stall_fraction"] <= 1.0
 
     r = cli(*TRAIN, f"train.checkpoint_dir={b}", env={FAULT_ENV: f"1:{KILL_AT}"}, timeout=300)
     assert r.returncode != 0

@@ -48,6 +48,9 @@ def test_train_writes_metrics(cli, tmp_path):
     assert m["final_loss_mean_last_10"] < m["initial_loss"]
     assert m["eval_auc"] > 0.6 and m["eval_ne"] < 1.0
     assert m["predicted_step_ms"] == 10.0 and m["measured_step_ms"] > 0
+    # The synthetic source has no stall clock of its own: the stall is the measured data wait over the step time.
+    assert 0.0 <= m["data_stall_fraction"] < 1.0 and m["samples_delivered"] == 60 * 64 * 2
+    assert m["duplicate_samples"] == 0 and m["dpp"]["workers"] == 0
 
 
 def _final_state(root: Path) -> dict[int, dict]:

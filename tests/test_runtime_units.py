@@ -56,3 +56,13 @@ def test_layout_kinds():
     for r in lay.ranks:
         tables = [s.table for s in r.features]
         assert 2 in tables and 4 in tables
+
+
+def test_data_stats_aggregate_fractions_by_mean_and_counters_by_sum():
+    from neocfg.runtime.train import aggregate_data_stats
+
+    agg = aggregate_data_stats([
+        {"data_stall_fraction": 0.1, "samples_delivered": 100, "dpp.workers": 2, "dpp.workers_source": "plan"},
+        {"data_stall_fraction": 0.3, "samples_delivered": 50, "dpp.workers": 1, "dpp.workers_source": "plan"},
+    ])
+    assert agg == {"data_stall_fraction": pytest.approx(0.2), "samples_delivered": 150, "dpp.workers": 3}

@@ -237,11 +237,9 @@ class Trainer:
         per_rank = [g["times"] for g in gathered]
         keys = per_rank[0].keys()
         breakdown = {k: sum(r[k] for r in per_rank) / world for k in keys}
-        data: dict[str, Any] = {}
-        for g in gathered:
-            for k, v in (g["data"] or {}).items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    data[k] = data.get(k, 0) + v
+        data = aggregate_data_stats([g["data"] or {} for g in gathered])
+        if "data_stall_fraction" not in data:  # sources without their own stall clock: wait over step time
+            data["data_stall_fraction"] = breakdown["data_wait"] / measured_ms if measured_ms > 0 else 0.0
         metrics = {
             "model": self.cfg.model.name, "world_size": world, "batch_size_per_rank": tc.batch_size,
             "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
@@ -270,8 +268,25 @@ class Trainer:
             "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
             "plan_solver": self.plan.solver.algorithm,
             "data": data, "data_per_rank": [g["data"] for g in gathered],
+            # The data-pipeline contract (issue 4): stall, delivery and DPP counters over all ranks.
+            "data_stall_fraction": data["data_stall_fraction"],
+            "samples_delivered": data.get("samples_delivered", 0),
+            "duplicate_samples": data.get("duplicate_samples", 0),
+            "dpp": {"workers": data.get("dpp.workers", 0), "worker_restarts": data.get("dpp.worker_restarts", 0),
+                    "bytes_read": data.get("dpp.bytes_read", 0)},
         }
         return RankResult(0, self.losses, metrics)
+
+
+def aggregate_data_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Combine the data sources' per-rank stats: fractions are averaged over ranks, counters and seconds summed."""
+    out: dict[str, Any] = {}
+    numeric = [{k: v for k, v in d.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+               for d in per_rank]
+    for key in dict.fromkeys(k for d in numeric for k in d):
+        values = [d[key] for d in numeric if key in d]
+        out[key] = sum(values) / len(values) if key.endswith("_fraction") else sum(values)
+    return out
 
 
 def train_rank(cfg: NeocfgConfig, plan: Plan, run_dir: Optional[Path], device: torch.device,
