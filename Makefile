@@ -20,5 +20,13 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Benchmarks (not part of CI): each prints ratios measured side by side in one run and writes JSON.
+bench: $(STAMP)
+	$(PY) bench/bench_planner.py --quick
+	$(PY) bench/bench_embedding.py
+	$(PY) bench/bench_e2e.py
+	$(PY) bench/bench_prediction.py
+	$(PY) bench/bench_dpp.py
+
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
