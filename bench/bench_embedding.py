@@ -39,10 +39,13 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=3, help="iterations per round")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad",
+                    help="adagrad: fused exact row-wise Adagrad vs torch Adagrad; sgd: fused exact SGD vs torch SGD")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    cfg = compose_cfg([f"model={a.model}", *cap_rows(a.model, a.rows_cap)])
+    sparse_opt = "exact_rowwise_adagrad" if a.optimizer == "adagrad" else "exact_sgd"
+    cfg = compose_cfg([f"model={a.model}", *cap_rows(a.model, a.rows_cap), f"train.sparse_optimizer={sparse_opt}"])
     tables = cfg.model.tables
     tc = cfg.train
     data = SyntheticData.for_model(cfg.model, cfg.dsi.seed)
@@ -58,7 +61,8 @@ def main() -> None:
             w.copy_(init)
             for mods in bags.values():
                 mods[i].weight.copy_(init)
-    opts = {k: torch.optim.Adagrad(m.parameters(), lr=tc.sparse_learning_rate) for k, m in bags.items()}
+    torch_opt = torch.optim.Adagrad if a.optimizer == "adagrad" else torch.optim.SGD
+    opts = {k: torch_opt(m.parameters(), lr=tc.sparse_learning_rate) for k, m in bags.items()}
     per_table = []  # per-table (ids, offsets) of the same batches
     for b in batches:
         items = []
@@ -97,7 +101,7 @@ def main() -> None:
     lookups = int(batches[0].lengths.sum())
     result = {"bench": "embedding_fused_vs_embeddingbag", "model": a.model, "tables": len(tables),
               "rows": sum(t.num_embeddings for t in tables), "batch": a.batch, "lookups_per_batch": lookups,
-              "threads": a.threads, "ms_fastest_round": best,
+              "threads": a.threads, "optimizer": a.optimizer, "ms_fastest_round": best,
               "speedup_vs_bag_sparse": best["bag_sparse"] / best["fused"],
               "speedup_vs_bag_dense": best["bag_dense"] / best["fused"],
               "speedup_vs_bag_sparse_median": statistics.median(

@@ -44,23 +44,24 @@ def _rank_fn(env: RankEnv, jobs: list[tuple[NeocfgConfig, Plan]]) -> list[dict[s
 
 
 def assemble(cfg: NeocfgConfig, per_rank: list[dict[str, Any]]) -> tuple[list[torch.Tensor], list]:
+    """Full tables (and optimizer states) from every rank's shards; never-written entries stay NaN."""
     tables = [torch.full((t.num_embeddings, t.embedding_dim), float("nan")) for t in cfg.model.tables]
     opt: list[Optional[torch.Tensor]] = [None] * len(tables)
     for r in per_rank:
         for s in r["shards"]:
+            t, r0, c0 = s["table"], s["row_offset"], s["col_offset"]
             w = s["weights"].float()
-            tables[s["table"]][s["row_offset"]:s["row_offset"] + w.shape[0],
-                               s["col_offset"]:s["col_offset"] + w.shape[1]] = w
-            if s["optimizer"]:
-                o = s["optimizer"][0].float()
-                if opt[s["table"]] is None:
-                    shape = (tables[s["table"]].shape[0],) + tuple(o.shape[1:]) if o.dim() == 1 else tables[s["table"]].shape
-                    opt[s["table"]] = torch.full(shape, float("nan"))
-                if o.dim() == 1:
-                    opt[s["table"]][s["row_offset"]:s["row_offset"] + o.shape[0]] = o
-                else:
-                    opt[s["table"]][s["row_offset"]:s["row_offset"] + o.shape[0],
-                                    s["col_offset"]:s["col_offset"] + o.shape[1]] = o
+            tables[t][r0:r0 + w.shape[0], c0:c0 + w.shape[1]] = w
+            if not s["optimizer"]:
+                continue
+            o = s["optimizer"][0].float()
+            rowwise = o.dim() == 1   # one accumulator per row, else one per weight
+            if opt[t] is None:
+                opt[t] = torch.full(tables[t].shape[:1] if rowwise else tables[t].shape, float("nan"))
+            if rowwise:
+                opt[t][r0:r0 + o.shape[0]] = o
+            else:
+                opt[t][r0:r0 + o.shape[0], c0:c0 + o.shape[1]] = o
     return tables, opt
 
 

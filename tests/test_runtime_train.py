@@ -13,7 +13,7 @@ import torch
 from conftest import compose_cfg
 from neocfg.runtime.plans import rule_plan
 from neocfg.runtime.train import FAULT_ENV
-from neocfg.types import ShardingType as S
+from neocfg.types import ShardingType as S, WeightsDtype
 
 STEPS, EVERY, KILL_AT = 8, 3, 5
 COMMON = ["mode=train", "train.batch_size=64", f"train.steps={STEPS}", "train.eval_batches=2", "train.log_every=4"]
@@ -21,12 +21,13 @@ MIXED = [S.table_wise, S.row_wise, S.data_parallel, S.column_wise, S.row_wise, S
          S.data_parallel]
 
 
-def _plan_file(tmp_path: Path, sharding) -> Path:
+def _plan_file(tmp_path: Path, sharding, weights_dtype: WeightsDtype = WeightsDtype.fp32) -> Path:
     cfg = compose_cfg(COMMON)
     if isinstance(sharding, list):
         sharding = {t.name: s for t, s in zip(cfg.model.tables, sharding)}
     path = tmp_path / f"plan_{len(list(tmp_path.glob('plan_*')))}.json"
-    rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=64, sharding=sharding, step_ms=10.0).save(path)
+    rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=64, sharding=sharding, step_ms=10.0,
+              weights_dtype=weights_dtype).save(path)
     return path
 
 
@@ -54,9 +55,13 @@ def _final_state(root: Path) -> dict[int, dict]:
     return {r: torch.load(step / f"rank_{r}.pt", weights_only=False) for r in range(2)}
 
 
-@pytest.mark.parametrize("fault", [f"1:{KILL_AT}", f"1:{2 * EVERY}:save"], ids=["mid_run", "mid_checkpoint"])
-def test_killed_rank_resume_equals_uninterrupted(cli, tmp_path, fault):
-    plan = _plan_file(tmp_path, MIXED)
+@pytest.mark.parametrize("fault,weights", [(f"1:{KILL_AT}", WeightsDtype.fp32),
+                                           (f"1:{2 * EVERY}:save", WeightsDtype.fp32),
+                                           (f"0:{KILL_AT}", WeightsDtype.fp16)],
+                         ids=["mid_run", "mid_checkpoint", "mid_run_fp16_weights"])
+def test_killed_rank_resume_equals_uninterrupted(cli, tmp_path, fault, weights):
+    """Bit-identical final state, fp16 weights with stochastic rounding included; killing rank 0 or rank 1."""
+    plan = _plan_file(tmp_path, MIXED, weights)
     a, b = tmp_path / "ckpt_a", tmp_path / "ckpt_b"
     args = [*COMMON, f"planner.plan_file={plan}", f"train.checkpoint_every={EVERY}"]
     r = cli(*args, f"train.checkpoint_dir={a}")
@@ -64,7 +69,7 @@ def test_killed_rank_resume_equals_uninterrupted(cli, tmp_path, fault):
 
     r = cli(*args, f"train.checkpoint_dir={b}", env={FAULT_ENV: fault}, timeout=300)
     assert r.returncode != 0
-    assert "rank 1 was killed by SIGKILL" in r.stderr, r.stderr
+    assert f"rank {fault[0]} was killed by SIGKILL" in r.stderr, r.stderr
     # the last complete checkpoint survives (a half-written one is never pointed at)
     assert (b / "latest").read_text().strip() == f"step_{EVERY:08d}"
 
@@ -99,6 +104,32 @@ def test_checkpoint_of_another_plan_is_refused(cli, tmp_path):
     assert len(err) == 1 and "different plan" in err[0] and "Traceback" not in r.stderr, r.stderr
 
 
+def test_a_rank_that_stops_responding_fails_the_job(cli, tmp_path):
+    plan = _plan_file(tmp_path, MIXED)
+    r = cli(*COMMON, f"planner.plan_file={plan}", "train.collective_timeout_s=5", env={FAULT_ENV: "1:3:hang"},
+            timeout=120)
+    assert r.returncode == 6, r.stderr
+    err = [line for line in r.stderr.splitlines() if "error" in line or "Traceback" in line]
+    assert len(err) == 1 and err[0].startswith("neocfg: error: rank 0: a collective failed (Timed out")
+    assert "stopped responding" in err[0]
+
+
 def test_resume_needs_checkpoint_dir(cli):
     r = cli("mode=train", "train.resume=true")
     assert r.returncode == 2 and "train.checkpoint_dir" in r.stderr
+
+
+def test_under_torchrun(tmp_path):
+    """torchrun starts the processes; neocfg joins its group and rank 0's plan is the one trained."""
+    import subprocess
+    import sys
+
+    plan = _plan_file(tmp_path, MIXED)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neocfg",
+                        *COMMON, f"planner.plan_file={plan}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    metrics = _metrics(tmp_path)
+    assert len(metrics) == 1  # only rank 0 reports
+    m = json.loads(metrics[0].read_text())
+    assert m["world_size"] == 2 and m["steps"] == STEPS

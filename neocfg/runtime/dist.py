@@ -9,6 +9,7 @@ with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2
 
 from __future__ import annotations
 
+import datetime
 import time
 from dataclasses import dataclass, field
 from typing import Optional
@@ -46,6 +47,8 @@ class Stopwatch:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.times = StepTimes()
+        # When the pooled-output gradient reached the fused TBEs in the last backward (set by _GradArrival).
+        self.grad_arrival: Optional[float] = None
 
     def now(self) -> float:
         if self.cuda:
@@ -76,6 +79,7 @@ class Comm:
     group: object
     rank: int
     world: int
+    timeout: datetime.timedelta = datetime.timedelta(minutes=30)
 
     def all_to_all(self, send: torch.Tensor, out_splits: list[int], in_splits: list[int]) -> torch.Tensor:
         out = send.new_empty(sum(out_splits))
@@ -108,31 +112,30 @@ def route_ids(layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor,
     """Lengths [sum_d F_d, B] and values for every destination's features, destination-major, plus the values
     count per destination. Row-sharded features keep the ids in their row range, rebased to local rows."""
     b = batch.batch_size
-    per_table = batch.lengths.sum(dim=1).tolist()
+    values_all, lengths_all = batch.values.long(), batch.lengths.long()   # fbgemm: indices and offsets alike
     starts = [0]
-    for n in per_table:
+    for n in lengths_all.sum(dim=1).tolist():
         starts.append(starts[-1] + n)
-    sample_of = [torch.repeat_interleave(torch.arange(b, device=batch.values.device), batch.lengths[t]) for t in range(batch.num_tables)]
+    sample_of: dict[int, torch.Tensor] = {}   # table -> sample index of each id (row-sharded tables only)
     lengths, values, counts = [], [], []
     for r in layout.ranks:
         count = 0
         for s in r.features:
-            ids = batch.values[starts[s.table]:starts[s.table + 1]]
-            full = s.row_offset == 0 and s.num_rows == layout.rows[s.table]
-            if full:
-                lengths.append(batch.lengths[s.table])
+            ids = values_all[starts[s.table]:starts[s.table + 1]]
+            if s.row_offset == 0 and s.num_rows == layout.rows[s.table]:
+                lengths.append(lengths_all[s.table])
                 values.append(ids)
-                count += ids.numel()
             else:
+                if s.table not in sample_of:
+                    sample_of[s.table] = torch.repeat_interleave(torch.arange(b, device=ids.device),
+                                                                 lengths_all[s.table])
                 mask = (ids >= s.row_offset) & (ids < s.row_offset + s.num_rows)
                 lengths.append(torch.bincount(sample_of[s.table][mask], minlength=b))
-                kept = ids[mask] - s.row_offset
-                values.append(kept)
-                count += kept.numel()
+                values.append(ids[mask] - s.row_offset)
+            count += values[-1].numel()
         counts.append(count)
-    empty = batch.lengths.new_zeros((0, b))
-    return (torch.stack(lengths) if lengths else empty,
-            torch.cat(values) if values else batch.values.new_zeros(0), counts)
+    return (torch.stack(lengths) if lengths else lengths_all.new_zeros((0, b)),
+            torch.cat(values) if values else values_all.new_zeros(0), counts)
 
 
 def exchange_ids(layout: Layout, comm: Comm, batch: Batch) -> LocalLookups:
@@ -175,12 +178,12 @@ class NodeComms:
     cross: Comm
 
     @staticmethod
-    def build(world: int, rank: int, devices_per_node: int) -> "NodeComms":
+    def build(world: int, rank: int, devices_per_node: int, timeout: datetime.timedelta) -> "NodeComms":
         """Collective: every rank creates every group, in the same order."""
         per, nodes = devices_per_node, world // devices_per_node
-        backend = dist.get_backend()
-        node_groups = [dist.new_group(list(range(n * per, (n + 1) * per)), backend=backend) for n in range(nodes)]
-        cross_groups = [dist.new_group([m * per + j for m in range(nodes)], backend=backend) for j in range(per)]
+        kw = {"backend": dist.get_backend(), "timeout": timeout}
+        node_groups = [dist.new_group(list(range(n * per, (n + 1) * per)), **kw) for n in range(nodes)]
+        cross_groups = [dist.new_group([m * per + j for m in range(nodes)], **kw) for j in range(per)]
         return NodeComms(node=Comm(node_groups[rank // per], rank % per, per),
                          cross=Comm(cross_groups[rank % per], rank // per, nodes))
 
@@ -208,7 +211,8 @@ class ExchangePlan:
     def build(layout: Layout, comm: Comm, batch_size: int, fwd: CommDtype, bwd: CommDtype,
               stopwatch: Stopwatch) -> "ExchangePlan":
         hier = layout.target_columns(OutputKind.hierarchical)
-        node_comms = NodeComms.build(comm.world, comm.rank, layout.devices_per_node) if hier.numel() else None
+        node_comms = (NodeComms.build(comm.world, comm.rank, layout.devices_per_node, comm.timeout)
+                      if hier.numel() else None)
         return ExchangePlan(
             comm=comm, batch_size=batch_size, total_dim=layout.total_dim,
             a2a_widths=[r.width(OutputKind.all_to_all) for r in layout.ranks],

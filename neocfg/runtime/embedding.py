@@ -12,6 +12,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 
 from neocfg.batch import Batch
 from neocfg.config.train import TrainConfig
+from neocfg.errors import DataError
 from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch, exchange_ids
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
@@ -104,6 +105,9 @@ class ShardedEmbeddings(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
+        if batch.batch_size != b:  # every rank's exchange is sized for train.batch_size samples
+            raise DataError(f"rank {self.comm.rank} got a batch of {batch.batch_size} samples; the exchange expects "
+                            f"train.batch_size={b} on every rank and step")
         with sw("comm_input"):
             lookups = exchange_ids(self.layout, self.comm, batch)
         with sw("emb_fwd"):
@@ -123,6 +127,8 @@ class ShardedEmbeddings(nn.Module):
         """Per local shard: its place in the table, its weights and its fused-optimizer state (copies)."""
         out = []
         for (key, shards), tbe in zip(self.groups, self.tbes):
+            if self._cached(key):
+                tbe.flush()  # write the HBM cache's dirty rows back to UVM first
             weights = tbe.split_embedding_weights()
             states = tbe.split_optimizer_states()
             for i, s in enumerate(shards):
@@ -143,3 +149,9 @@ class ShardedEmbeddings(nn.Module):
             per_tbe_w[id(tbe)][i][:s.num_rows].copy_(saved["weights"])
             for dst, src in zip(per_tbe_o[id(tbe)][i] if per_tbe_o[id(tbe)] else [], saved["optimizer"]):
                 dst[:s.num_rows].copy_(src)
+        for (key, _), tbe in zip(self.groups, self.tbes):
+            if self._cached(key):
+                tbe.reset_cache_states()  # the cache held rows of the weights just replaced
+
+    def _cached(self, key: GroupKey) -> bool:
+        return self.device.type == "cuda" and key.tier is MemoryTier.uvm_caching

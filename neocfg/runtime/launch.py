@@ -10,14 +10,16 @@ train.collective_timeout_s in any case.
 from __future__ import annotations
 
 import datetime
-import io
 import logging
 import os
+import re
 import signal
 import socket
+import sys
+import tempfile
 import traceback
-import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -61,35 +63,47 @@ def _threads_per_rank(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_world)
 
 
-def _quiet() -> None:
-    # The synthetic data's id hash multiplies uint64 scalars modulo 2^64 on purpose; numpy warns about it.
-    warnings.filterwarnings("ignore", message="overflow encountered in scalar multiply", category=RuntimeWarning)
-
-
-def _to_bytes(obj: Any) -> bytes:
-    """Results travel as bytes: torch's shared-memory tensor passing needs the sender alive when they are read."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+def _report(results: str, rank: int, kind: str, payload: Any) -> None:
+    """A rank's outcome as a file (written whole, then renamed): no queue or lock survives a killed rank."""
+    path = os.path.join(results, f"rank_{rank}.pt")
+    torch.save((rank, kind, payload), path + ".tmp")
+    os.replace(path + ".tmp", path)
 
 
 def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
-            fn: Callable[..., Any], args: tuple, results: Any) -> None:
+            fn: Callable[..., Any], args: tuple, results: str) -> None:
     torch.set_num_threads(_threads_per_rank(world))
-    _quiet()
     try:
         dist.init_process_group(backend.value, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
         env = RankEnv(local_rank, world, local_rank, _device(backend, local_rank))
         out = fn(env, *args)
-        results.put((local_rank, "ok", _to_bytes(out)))
+        _report(results, local_rank, "ok", out)
         dist.destroy_process_group()
     except NeocfgError as exc:
-        results.put((local_rank, "error", (type(exc).__name__, str(exc), exc.exit_code)))
+        _report(results, local_rank, "error", (type(exc).__name__, str(exc), exc.exit_code))
         os._exit(exc.exit_code)  # skip interpreter teardown: the other ranks may be blocked in a collective
+    except Exception as exc:
+        if not _collective_failure(exc):
+            _report(results, local_rank, "crash", traceback.format_exc())
+            os._exit(1)
+        # a peer died or stopped answering (train.collective_timeout_s)
+        first = re.sub(r"^\[[^\]]*\]\s*", "", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
+        _report(results, local_rank, "error", ("RankFailedError", f"rank {local_rank}: a collective failed ({first}); "
+                                               f"a peer rank died or stopped responding", RankFailedError.exit_code))
+        os._exit(RankFailedError.exit_code)
     except BaseException:
-        results.put((local_rank, "crash", traceback.format_exc()))
+        _report(results, local_rank, "crash", traceback.format_exc())
         os._exit(1)
+
+
+# What a collective raises when its peer is gone: torch's DistError family, or gloo's RuntimeErrors.
+_GLOO_PEER_FAILURES = ("Timed out waiting", "Connection closed by peer", "Connection reset by peer")
+
+
+def _collective_failure(exc: BaseException) -> bool:
+    return isinstance(exc, dist.DistError) or (
+        isinstance(exc, RuntimeError) and any(m in str(exc) for m in _GLOO_PEER_FAILURES))
 
 
 def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend, timeout_s: float) -> list[Any]:
@@ -99,7 +113,6 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         backend = Backend.nccl if torch.cuda.is_available() and backend is Backend.nccl else backend
-        _quiet()
         dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
@@ -107,22 +120,18 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
             dist.destroy_process_group()
     # torch logs "Terminating process ..." for the survivors of a failed rank; we report the failure in one line.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    procs = mp.start_processes(_worker, args=(world, free_port(), backend, timeout_s, fn, args, results),
-                               nprocs=world, join=False, start_method="spawn")
-    failure, reports = None, []
-
-    def drain() -> None:  # keep the pipe empty so a rank never blocks on put()
-        while not results.empty():
-            reports.append(results.get())
-
-    try:
-        while not procs.join(timeout=0.5):
-            drain()
-    except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
-        failure = exc
-    drain()
+    with tempfile.TemporaryDirectory(prefix="neocfg-ranks-") as results:
+        procs = mp.start_processes(_worker, args=(world, free_port(), backend, timeout_s, fn, args, results),
+                                   nprocs=world, join=False, start_method="spawn")
+        failure = None
+        try:
+            while not procs.join(timeout=0.5):
+                pass
+        except (mp.ProcessExitedException, mp.ProcessRaisedException) as exc:
+            failure = exc
+        reports = [torch.load(p, weights_only=False) for p in sorted(Path(results).glob("rank_*.pt"))]
+    if failure is not None or any(kind != "ok" for _, kind, _ in reports):
+        sys.stderr.write("\n")  # end rank 0's progress bar line: the error gets a line of its own
     # A rank killed by a signal (other than the SIGTERM the launcher sends to the survivors) is the root cause; the
     # survivors' errors (a collective that lost its peer) are consequences.
     for i, p in enumerate(procs.processes):
@@ -141,6 +150,5 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
     if failure is not None:
         raise RankFailedError(f"rank {failure.error_index} exited with code {failure.exit_code}; "
                               f"the other ranks were stopped")
-    by_rank = {rank: torch.load(io.BytesIO(payload), weights_only=False) for rank, kind, payload in reports
-               if kind == "ok"}
+    by_rank = {rank: payload for rank, kind, payload in reports if kind == "ok"}
     return [by_rank.get(r) for r in range(world)]

@@ -13,6 +13,7 @@ from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.launch import RankEnv, launch, under_torchrun
+from neocfg.types import Backend
 
 
 def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
@@ -43,6 +44,15 @@ def check_trainable(cfg: NeocfgConfig) -> None:
     if cfg.model.planning_only:
         raise ConfigError("model", cfg.model.name, "is a planning-only model (too big to instantiate here); "
                           "mode=train needs one that fits, e.g. model=dlrm_tiny")
+    hw = cfg.hardware
+    if hw.backend is Backend.nccl and not under_torchrun():
+        import torch
+
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have < hw.devices_per_node:
+            raise ConfigError("hardware", hw.name,
+                              f"needs {hw.devices_per_node} CUDA devices per node (nccl), this machine has {have}; "
+                              f"train on CPU with hardware=cpu_local, or start the ranks with torchrun")
 
 
 def render(m: dict[str, Any]) -> str:
@@ -60,6 +70,9 @@ def render(m: dict[str, Any]) -> str:
     if m.get("prediction_error") is not None:
         lines.append(f"  step time: predicted {m['predicted_step_ms']:.2f} ms, measured {m['measured_step_ms']:.2f} ms "
                      f"(prediction error {100 * m['prediction_error']:+.0f}%)")
+        if m["plan_batch_size_per_device"] != m["batch_size_per_rank"]:
+            lines.append(f"  (the plan was made for batch {m['plan_batch_size_per_device']} per device, this run used "
+                         f"{m['batch_size_per_rank']})")
         lines.append("  predicted / measured ms: " + ", ".join(
             f"{k} {p:.2f} / {q:.2f}" for k, (p, q) in m["predicted_vs_measured_ms"].items()))
     else:

@@ -7,6 +7,7 @@ as one process training the unsharded model on the global batch.
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import time
@@ -19,8 +20,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.source import make_source
+from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm, Stopwatch, StepTimes
@@ -31,8 +34,9 @@ from neocfg.runtime.metrics import evaluate
 
 # Steps left out of the timing averages (first-touch allocation, thread pools warming up).
 WARMUP_STEPS = 2
-# Fault injection for the resume tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update,
-# "<rank>:<step>:save" while writing that step's checkpoint (after its own file, before the checkpoint is complete).
+# Fault injection for the tests: "<rank>:<step>" makes that rank SIGKILL itself after that step's update,
+# "<rank>:<step>:save" while writing that step's checkpoint (after its own file, before the checkpoint is complete),
+# "<rank>:<step>:hang" stop responding (sleep) after that step.
 FAULT_ENV = "NEOCFG_FAULT_KILL"
 
 
@@ -45,9 +49,16 @@ class RankResult:
     metrics: Optional[dict[str, Any]] = None
 
 
-def _fault_step(rank: int, in_save: bool = False) -> Optional[int]:
+def to_device(batch: Batch, device: torch.device) -> Batch:
+    if device.type == "cpu":
+        return batch
+    return Batch(*(x.to(device, non_blocking=True) for x in (batch.dense, batch.lengths, batch.values, batch.labels,
+                                                             batch.sample_ids)))
+
+
+def _fault_step(rank: int, kind: str = "kill") -> Optional[int]:
     spec = os.environ.get(FAULT_ENV, "").split(":")
-    if len(spec) < 2 or int(spec[0]) != rank or (len(spec) > 2 and spec[2] == "save") != in_save:
+    if len(spec) < 2 or int(spec[0]) != rank or (spec[2] if len(spec) > 2 else "kill") != kind:
         return None
     return int(spec[1])
 
@@ -57,13 +68,13 @@ class Trainer:
         self.cfg, self.plan, self.run_dir, self.device = cfg, plan, run_dir, device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if plan.world_size != self.world:
-            from neocfg.errors import ConfigError
             raise ConfigError("planner.plan_file", plan.world_size,
                               f"the plan is for world size {plan.world_size}, this job has {self.world} ranks")
         # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
         # default group; sharing it could interleave them differently on different ranks).
-        group = dist.new_group(backend=dist.get_backend())
-        self.comm = Comm(group=group, rank=self.rank, world=self.world)
+        timeout = datetime.timedelta(seconds=cfg.train.collective_timeout_s)
+        group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        self.comm = Comm(group=group, rank=self.rank, world=self.world, timeout=timeout)
         self.sw = Stopwatch(device)
         tc = cfg.train
         self.layout = build_layout(plan, cfg.model, self.rank)
@@ -76,7 +87,7 @@ class Trainer:
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
-        self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, in_save=True))
+        self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, "save"))
                      if ckpt_root else None)
 
     # ------------------------------------------------------------ checkpoint state
@@ -109,11 +120,11 @@ class Trainer:
         sw.times = StepTimes()
         t0 = sw.now()
         with sw("data_wait"):
-            batch = self.source.next_batch()
+            batch = to_device(self.source.next_batch(), self.device)
         pooled = self.emb(batch)
         t_dense = sw.now()
-        logits = self.ddp(batch.dense.to(self.device), pooled)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels.to(self.device))
+        logits = self.ddp(batch.dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
         self.opt.zero_grad(set_to_none=True)
         sw.grad_arrival = None
         t_bwd = sw.now()
@@ -125,7 +136,8 @@ class Trainer:
         # The TBEs' backward (with the fused update) starts when the pooled-output gradient reaches them and, with
         # the bottom MLP's backward possibly interleaved, ends with backward.
         times.emb_bwd = (t_end_bwd - sw.grad_arrival) * 1e3 if sw.grad_arrival else 0.0
-        times.dense = ((t_bwd - t_dense) + (t_end_bwd - t_bwd) + (t_end - t_end_bwd)) * 1e3 - times.comm_bwd - times.emb_bwd
+        # Dense: forward, backward (with DDP's all-reduce) and the optimizer step, less what the embeddings took.
+        times.dense = (t_end - t_dense) * 1e3 - times.comm_bwd - times.emb_bwd
         times.total = (t_end - t0) * 1e3
         return loss.detach(), times
 
@@ -136,13 +148,13 @@ class Trainer:
         self.ddp.eval()
         logits, labels = [], []
         for _ in range(batches):
-            batch = source.next_batch()
-            logits.append(self.ddp.module(batch.dense.to(self.device), self.emb(batch)))
-            labels.append(batch.labels.to(self.device))
+            batch = to_device(source.next_batch(), self.device)
+            logits.append(self.ddp.module(batch.dense, self.emb(batch)))
+            labels.append(batch.labels)
         self.ddp.train()
         source.close()
         local = torch.stack([torch.cat(logits), torch.cat(labels)]) if logits else torch.zeros(2, 0)
-        everyone = self.comm.all_gather(local.float())
+        everyone = self.comm.all_gather(local.float()).cpu()
         return everyone[:, 0].reshape(-1), everyone[:, 1].reshape(-1)
 
     def run(self, resume: bool, show_progress: bool = True) -> RankResult:
@@ -152,20 +164,21 @@ class Trainer:
         resumed_from = self.step if (resume and self.restore()) else None
         if resume and resumed_from is None and self.rank == 0:
             print(f"train.resume=true but no checkpoint in {self.ckpt.root if self.ckpt else '-'}; starting fresh")
-        kill_at = _fault_step(self.rank)
+        kill_at, hang_at = _fault_step(self.rank), _fault_step(self.rank, "hang")
         local_losses, timed = [], []
         global_batch = tc.batch_size * self.world
         bar = tqdm(total=tc.steps, initial=self.step, disable=not (show_progress and self.rank == 0),
                    unit="step", dynamic_ncols=True)
         t_start = time.perf_counter()
         t_timed = None
+        ckpt_s = 0.0
         first = self.step
         while self.step < tc.steps:
             loss, times = self.train_step()
             self.step += 1
             local_losses.append(loss)
             if self.step - first == WARMUP_STEPS:
-                t_timed = time.perf_counter()
+                t_timed = time.perf_counter() - ckpt_s
             elif self.step - first > WARMUP_STEPS:
                 timed.append(times)
             if self.step % tc.log_every == 0 or self.step == tc.steps:
@@ -175,10 +188,16 @@ class Trainer:
             bar.update(1)
             if kill_at is not None and self.step == kill_at:
                 os.kill(os.getpid(), signal.SIGKILL)
+            if hang_at is not None and self.step == hang_at:
+                time.sleep(1e6)
             if self.ckpt and tc.checkpoint_every and (self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
+                t_ckpt = time.perf_counter()
                 self._save_with_losses(local_losses)
+                ckpt_s += time.perf_counter() - t_ckpt
         bar.close()
-        t_end = time.perf_counter()
+        # Step timing leaves out checkpoint writes (reported separately).
+        t_end = time.perf_counter() - ckpt_s
+        self.checkpoint_s = ckpt_s
         new_losses = self._global_losses(local_losses)
         self.losses += new_losses
         ev = evaluate(*self.predict(tc.eval_batches)) if tc.eval_batches else None
@@ -228,7 +247,7 @@ class Trainer:
             "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
             "resumed_from_step": resumed_from, "samples": self.step * tc.batch_size * world,
             "samples_per_s": (tc.batch_size * world * 1e3 / measured_ms) if measured_ms > 0 else 0.0,
-            "wall_s": t_end - t_start,
+            "wall_s": t_end - t_start + self.checkpoint_s, "checkpoint_s": self.checkpoint_s,
             "initial_loss": self.losses[0] if self.losses else None,
             "final_loss": self.losses[-1] if self.losses else None,
             "final_loss_mean_last_10": (sum(self.losses[-10:]) / len(self.losses[-10:])) if self.losses else None,
@@ -237,6 +256,7 @@ class Trainer:
             "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
             "breakdown_ms": breakdown, "breakdown_ms_per_rank": per_rank,
             "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
+            "plan_batch_size_per_device": self.plan.batch_size_per_device,
             # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
             "predicted_vs_measured_ms": {
                 "embedding_compute": [max((d.compute_ms for d in self.plan.devices), default=0.0),
