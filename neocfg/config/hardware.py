@@ -24,11 +24,15 @@ class DeviceConfig:
     hbm_bandwidth_gbs: float = MISSING
     # Dense throughput the MLPs can reach (peak at the training precision, before efficiency factors).
     peak_tflops: float = 100.0
+    # Fixed host-side cost of one kernel (op) in the training step, microseconds: launch on a GPU (~5 us, CUDA
+    # kernel launch latency; mostly overlapped, kept as the exposed part), eager op dispatch on a CPU rank.
+    kernel_overhead_us: float = 5.0
 
     def check(self, key: str) -> None:
         checks.positive(f"{key}.hbm_gib", self.hbm_gib)
         checks.positive(f"{key}.hbm_bandwidth_gbs", self.hbm_bandwidth_gbs)
         checks.positive(f"{key}.peak_tflops", self.peak_tflops)
+        checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
 
 
 @dataclass
@@ -59,6 +63,10 @@ class HardwareConfig:
     # Per-device bandwidth within a node (NVLink) and across nodes (the device's share of the RDMA NICs).
     intra_node_bandwidth_gbs: float = MISSING
     inter_node_bandwidth_gbs: float = MISSING
+    # Fixed time of one collective whatever its size (alpha of the alpha-beta model), microseconds: a property of
+    # the backend and interconnect (NCCL over NVLink ~10-30 us, over RDMA across nodes more; gloo over loopback TCP
+    # ~0.1-1 ms). The default is NCCL's small-message all-to-all latency within a node (nccl-tests).
+    collective_latency_us: float = 25.0
 
     @property
     def num_devices(self) -> int:
@@ -77,5 +85,6 @@ class HardwareConfig:
         self.host.check(f"{key}.host")
         checks.positive(f"{key}.intra_node_bandwidth_gbs", self.intra_node_bandwidth_gbs)
         checks.positive(f"{key}.inter_node_bandwidth_gbs", self.inter_node_bandwidth_gbs)
+        checks.non_negative(f"{key}.collective_latency_us", self.collective_latency_us)
         if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
             raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

@@ -54,13 +54,17 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
             host[r] += p.option.storage.host
             counts[r][p.option.sharding.value] += 1
     perf = device_perf(cost, placements)
+    # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
+    fixed = cost.embedding_overhead_ms({p.option.sharding for p in placements},
+                                       sum(len(p.ranks) for p in placements))
+    perf = [q + fixed for q in perf]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
                        compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
                        total_ms=perf[r].total + dense.perf.total, shard_counts=dict(sorted(counts[r].items())))
         for r in range(cost.topo.world))
     step = max(d.total_ms for d in devices)
-    lb = min(result.lower_bound_ms + dense.perf.total, step)
+    lb = min(result.lower_bound_ms + cost.min_embedding_overhead_ms(len(placements)) + dense.perf.total, step)
     gap = (step - lb) / step if step > 0 else 0.0
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
