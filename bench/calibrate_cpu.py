@@ -115,15 +115,17 @@ def tbe(repeats: int) -> dict[str, float]:
         ComputeDevice, EmbeddingLocation, SplitTableBatchedEmbeddingBagsCodegen)
 
     torch.set_num_threads(1)
-    tables, dim, rows = 8, 16, 100_000
+    tables, dim, rows = 8, 16, 20_000                # dlrm_tiny-sized tables
     op = SplitTableBatchedEmbeddingBagsCodegen(
         [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * tables,
         optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.01, pooling_mode=PoolingMode.SUM)
     lookups, ts = [], []
     gen = torch.Generator().manual_seed(0)
-    for bags in (256, 1024, 4096, 16384):              # bags per table
+    zipf = torch.arange(1, rows + 1, dtype=torch.float64) ** -1.05
+    for bags in (64, 256, 1024, 2048):                 # bags per table: the runtime's lookups per rank
         n = bags * tables
-        idx = torch.randint(0, rows, (n,), generator=gen)
+        # Zipf-skewed ids like the synthetic data (zipf_alpha ~1.05): hot rows repeat within a batch
+        idx = torch.multinomial(zipf, n, replacement=True, generator=gen)
         off = torch.arange(0, n + 1, dtype=torch.long)
 
         def step():
@@ -154,7 +156,7 @@ def dense(repeats: int) -> dict[str, float]:
     fwd_flops = sum(2 * a * b for a, b in zip(widths, widths[1:]))
     n_layers = len(widths) - 1
     xs, ts = [], []
-    for batch in (16, 256, 1024, 4096):
+    for batch in (16, 64, 256, 1024):
         x = torch.randn(batch, widths[0])
 
         def step():
@@ -172,11 +174,18 @@ def dense(repeats: int) -> dict[str, float]:
             "times_us": {str(int(x)): t * 1e6 for x, t in zip(xs, ts)}}
 
 
+def only(part: str, repeats: int) -> None:
+    print(json.dumps({"collectives": collectives, "tbe": tbe, "dense": dense}[part](repeats), indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out")
+    ap.add_argument("--only", choices=["collectives", "tbe", "dense"])
     a = ap.parse_args()
+    if a.only:
+        return only(a.only, a.repeats)
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
            "load_avg_1m": os.getloadavg()[0], "collectives": collectives(a.repeats), "tbe": tbe(a.repeats),
            "dense": dense(a.repeats)}

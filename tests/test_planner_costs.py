@@ -156,14 +156,24 @@ def test_embedding_collectives_match_the_runtime():
 def test_embedding_overhead_hand_computed():
     cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD))
     S = ShardingType
-    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms; (40 step kernels + 3 x 9 pieces) x 0.01 ms
-    perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=9)
-    assert perf.comm == approx(6 * 0.1)
-    assert perf.compute == approx((40 + 3 * 9) * 0.01)
-    assert perf.fwd_comm == approx(perf.bwd_comm)
-    # lower bound: fewest collectives of any plan (DP: 3), one piece per table
-    assert cost.min_embedding_overhead_ms(1) == approx(3 * 0.1 + (40 + 3 * 1) * 0.01)
+    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus (80 exchange kernels + 3 x 9 pieces) x 0.01 ms
+    perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=9, groups=2)
+    assert perf.comm == approx(6 * 0.1 + (80 + 3 * 9) * 0.01)
+    assert perf.fwd_comm == approx(2 * perf.bwd_comm)
+    # 2 TBE groups x 4 kernels x 0.01 ms, half forward
+    assert perf.compute == approx(2 * 4 * 0.01)
+    assert perf.fwd_compute == approx(perf.bwd_compute)
+    # lower bound: fewest collectives of any plan (DP: 3), one piece per table, no TBE term
+    assert cost.min_embedding_overhead_ms(1) == approx(3 * 0.1 + (80 + 3 * 1) * 0.01)
     assert cost.min_embedding_overhead_ms(0) == 0.0
+    # zero latency and kernel cost: nothing
+    assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 5, 1).total == 0.0
+
+
+def test_dense_mfu_per_device():
+    base = dense_cost(round_cfg(TABLE))
+    d = dense_cost(round_cfg(TABLE, "+hardware.device.dense_mfu=0.8"))
+    assert d.perf.fwd_compute == approx(base.perf.fwd_compute / 2)   # 0.8 instead of planner.costs.dense_mfu 0.4
 
 
 def test_dense_overhead_hand_computed():
@@ -187,7 +197,8 @@ def test_plan_carries_the_overheads():
     plan = plan_placement(cfg)
     base = plan_placement(round_cfg(tables, "planner.sharding_types=[table_wise]"))
     cost = CostModel.from_config(cfg)
-    fixed = cost.embedding_overhead_ms([ShardingType.table_wise], 2).total
+    # the busiest device holds one TW table (one TBE group)
+    fixed = cost.embedding_overhead_ms([ShardingType.table_wise], 2, 1).total
     dense_extra = dense_cost(cfg).perf.total - dense_cost(round_cfg(tables)).perf.total
     assert plan.estimate.step_ms == approx(base.estimate.step_ms + fixed + dense_extra)
     assert plan.solver.lower_bound_ms <= plan.estimate.step_ms

@@ -44,9 +44,13 @@ class CostConstants:
     # Kernels per step of the dense part outside its linear layers: interaction (bmm, triangle index, cat) forward
     # and backward, BCE loss and its gradient, zero_grad, DDP's bucket copies, the optimizer's foreach update.
     dense_step_kernels: float = 30.0
-    # Kernels per step around the embedding lookups on every device: id routing (cumsum, repeat_interleave,
-    # gather, per-group offsets), output exchange (index_select / index_add), the fused TBE forward and backward.
-    embedding_step_kernels: float = 40.0
+    # Kernels per step of the embedding exchange on every device, forward and backward (neocfg/runtime/dist.py and
+    # embedding.py, about 80 ops: id routing (cumsum, repeat_interleave, gather, per-group offsets, the .tolist()
+    # syncs), the output exchange's casts, splits, index_select / index_add per output kind, and their backward).
+    embedding_step_kernels: float = 80.0
+    # Kernels per fused lookup group (one TBE per weights precision x memory tier on a device) per step: the TBE
+    # forward, its backward with the fused optimizer, the output concatenation and its gradient.
+    tbe_kernels_per_group: float = 4.0
     # Kernels per table piece in the world per step: every rank routes its ids to every piece's owner (slice and
     # copy for whole tables; mask, bincount, rebase for row ranges) in neocfg.runtime.dist.route_ids.
     routing_kernels_per_piece: float = 3.0
@@ -78,7 +82,7 @@ class CostConstants:
         checks.positive(f"{key}.id_bytes", self.id_bytes)
         checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
         checks.positive(f"{key}.ddp_bucket_mib", self.ddp_bucket_mib)
-        for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels",
+        for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels", "tbe_kernels_per_group",
                      "routing_kernels_per_piece"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))
         for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):

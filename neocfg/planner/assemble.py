@@ -55,9 +55,12 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
             counts[r][p.option.sharding.value] += 1
     perf = device_perf(cost, placements)
     # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
-    fixed = cost.embedding_overhead_ms({p.option.sharding for p in placements},
-                                       sum(len(p.ranks) for p in placements))
-    perf = [q + fixed for q in perf]
+    kinds, pieces = {p.option.sharding for p in placements}, sum(len(p.ranks) for p in placements)
+    groups: list[set] = [set() for _ in range(cost.topo.world)]
+    for p in placements:
+        for r in p.ranks:
+            groups[r].add((p.option.dtype, p.option.tier))
+    perf = [q + cost.embedding_overhead_ms(kinds, pieces, len(g)) for q, g in zip(perf, groups)]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
                        compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,

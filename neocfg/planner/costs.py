@@ -143,24 +143,28 @@ class CostModel:
         return 2 * nbytes * self.reduce_scatter_ms_per_byte()
 
     # ---- fixed per-step costs of the embedding part (the same on every device: all take part) ---------------
-    def embedding_overhead_ms(self, shardings: Iterable[ShardingType], pieces: int) -> Perf:
-        """Latency of the step's embedding collectives and host time of its kernels, for a plan with these
-        sharding types and this many table pieces in the world (a DP table counts one piece per device)."""
+    def embedding_overhead_ms(self, shardings: Iterable[ShardingType], pieces: int, groups: int = 0) -> Perf:
+        """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types and this
+        many table pieces in the world (a DP table counts one piece per device), the device holding `groups` fused
+        lookup groups (one TBE per weights precision x memory tier). Communication: the collectives' latency and
+        the host kernels of the id routing and output exchange (every device routes to every piece's owner);
+        compute: the kernels of each TBE call."""
         c = self.consts
         alpha = embedding_collectives(shardings) * self.collective_latency_ms
-        kernels = (c.embedding_step_kernels + c.routing_kernels_per_piece * pieces) * self.kernel_overhead_ms
-        # Split like the work: ids and outputs forward, gradients backward; routing is all forward.
-        return Perf(fwd_compute=kernels * 2 / 3, bwd_compute=kernels / 3, fwd_comm=alpha / 2, bwd_comm=alpha / 2)
+        exchange = (c.embedding_step_kernels + c.routing_kernels_per_piece * pieces) * self.kernel_overhead_ms
+        tbe = c.tbe_kernels_per_group * groups * self.kernel_overhead_ms
+        # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward
+        return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
+                    bwd_comm=(alpha + exchange) / 3)
 
     def min_embedding_overhead_ms(self, num_tables: int) -> float:
-        """The least embedding_overhead_ms of any plan of num_tables tables (for the lower bound): one piece per
-        table, and the fewest collectives any non-empty plan issues (ids, plus DP's gradient all-gather)."""
+        """The least communication part of embedding_overhead_ms, which every device pays, of any plan of
+        num_tables tables (for the lower bound): one piece per table, and the fewest collectives any non-empty plan
+        issues (ids, plus DP's gradient all-gather)."""
         if num_tables == 0:
             return 0.0
         fewest = min(embedding_collectives({s}) for s in ShardingType)
-        c = self.consts
-        kernels = (c.embedding_step_kernels + c.routing_kernels_per_piece * num_tables) * self.kernel_overhead_ms
-        return fewest * self.collective_latency_ms + kernels
+        return self.embedding_overhead_ms([], num_tables).comm + (fewest - IDS_COLLECTIVES) * self.collective_latency_ms
 
     # ---- memory ------------------------------------------------------------------------------------------
     def optimizer_state_bytes(self, rows: int, cols: int) -> int:
@@ -308,7 +312,8 @@ TRAIN_FLOPS_PER_FWD = 3
 def dense_cost(cfg: NeocfgConfig) -> DenseCost:
     hw, c = cfg.hardware, cfg.planner.costs
     flops, params = dense_flops_and_params(cfg.model)
-    rate = hw.device.peak_tflops * 1e12 * c.dense_mfu
+    mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
+    rate = hw.device.peak_tflops * 1e12 * mfu
     fwd = flops * cfg.train.batch_size / rate * MS
     p, n = hw.devices_per_node, hw.nodes
     grad_bytes = params * FP32
