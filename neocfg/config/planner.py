@@ -45,15 +45,17 @@ class CostConstants:
     # and backward, BCE loss and its gradient, zero_grad, DDP's bucket copies, the optimizer's foreach update.
     dense_step_kernels: float = 30.0
     # Kernels per step of the embedding exchange on every device, forward and backward (neocfg/runtime/dist.py and
-    # embedding.py, about 80 ops: id routing (cumsum, repeat_interleave, gather, per-group offsets, the .tolist()
+    # embedding.py, about 100 ops: id routing (cumsum, repeat_interleave, gather, per-group offsets, the .tolist()
     # syncs), the output exchange's casts, splits, index_select / index_add per output kind, and their backward).
-    embedding_step_kernels: float = 80.0
+    embedding_step_kernels: float = 100.0
     # Kernels per fused lookup group (one TBE per weights precision x memory tier on a device) per step: the TBE
     # forward, its backward with the fused optimizer, the output concatenation and its gradient.
     tbe_kernels_per_group: float = 4.0
     # Kernels per table piece in the world per step: every rank routes its ids to every piece's owner (slice and
-    # copy for whole tables; mask, bincount, rebase for row ranges) in neocfg.runtime.dist.route_ids.
-    routing_kernels_per_piece: float = 3.0
+    # copy for whole tables; mask, bincount, rebase for row ranges) in neocfg.runtime.dist.route_ids: about 3. Off
+    # by default: the ILP does not see this plan-wide term (it would not trade pieces for it, and its proven bound
+    # would have to assume one piece per table), and with tens of tables embedding_step_kernels absorbs it.
+    routing_kernels_per_piece: float = 0.0
     # Size of one DDP gradient bucket (MiB): DDP issues one all-reduce per bucket (torch's bucket_cap_mb default).
     ddp_bucket_mib: float = 25.0
     # Bytes of one sparse id in the input all-to-all (int64 indices, as TorchRec's KJT sends them).

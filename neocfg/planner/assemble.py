@@ -67,7 +67,10 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                        total_ms=perf[r].total + dense.perf.total, shard_counts=dict(sorted(counts[r].items())))
         for r in range(cost.topo.world))
     step = max(d.total_ms for d in devices)
-    lb = min(result.lower_bound_ms + cost.min_embedding_overhead_ms(len(placements)) + dense.perf.total, step)
+    # The solver does not trade the plan-wide fixed costs (collective latency per sharding kind, exchange kernels):
+    # its bound plus the plan's own (device-independent) fixed communication bounds every placement that issues
+    # the same collectives; cost.min_embedding_overhead_ms gives the weaker bound over every mix of kinds.
+    lb = min(result.lower_bound_ms + cost.embedding_overhead_ms(kinds, pieces).comm + dense.perf.total, step)
     gap = (step - lb) / step if step > 0 else 0.0
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
