@@ -33,6 +33,8 @@ TRAIN_FLOPS_PER_FWD = 3
 # Kernels (dispatched ops) per linear layer per training step: addmm + activation forward; two matmuls, the
 # activation's gradient and the bias gradient backward; neocfg.planner.costs.DENSE_KERNELS_PER_LAYER.
 KERNELS_PER_LAYER = 6
+# Kernels of this MLP step outside its layers: the loss and its gradient seed, zero_grad, Adagrad's foreach update.
+STEP_KERNELS = 10
 
 
 def fit(xs: list[float], ts: list[float]) -> tuple[float, float]:
@@ -170,8 +172,26 @@ def dense(repeats: int) -> dict[str, float]:
     big = torch.randn(1024, 1024)
     t_mm = timed(lambda: big @ big, max(5, repeats // 5))
     return {"train_tflops": 1.0 / b / 1e12, "matmul_peak_tflops": 2 * 1024**3 / t_mm / 1e12,
-            "overhead_us_per_step": a * 1e6, "kernel_overhead_us": a * 1e6 / (n_layers * KERNELS_PER_LAYER + 1),
+            "overhead_us_per_step": a * 1e6, "kernel_overhead_us": a * 1e6 / (n_layers * KERNELS_PER_LAYER + STEP_KERNELS),
             "times_us": {str(int(x)): t * 1e6 for x, t in zip(xs, ts)}}
+
+
+def _concurrent_worker(rank: int, part: str, repeats: int, out: str) -> None:
+    res = {"tbe": tbe, "dense": dense}[part](repeats)
+    Path(f"{out}.{rank}").write_text(json.dumps(res))
+
+
+def concurrent(part: str, repeats: int, ranks: int) -> dict[str, float]:
+    """Run the measurement in `ranks` processes at once, as mode=train's local ranks share the cores; the mean of
+    their fits (a rank computes while its peer does: the rates a training step sees)."""
+    if ranks <= 1:
+        return {"tbe": tbe, "dense": dense}[part](repeats)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, part)
+        mp.spawn(_concurrent_worker, args=(part, repeats, out), nprocs=ranks, join=True)
+        runs = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(ranks)]
+    return {k: (sum(r[k] for r in runs) / ranks if not isinstance(runs[0][k], dict) else runs[0][k])
+            for k in runs[0]}
 
 
 def only(part: str, repeats: int) -> None:
@@ -183,12 +203,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out")
     ap.add_argument("--only", choices=["collectives", "tbe", "dense"])
+    ap.add_argument("--ranks", type=int, default=2, help="processes measuring TBE and dense at once (mode=train's)")
     a = ap.parse_args()
     if a.only:
         return only(a.only, a.repeats)
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
-           "load_avg_1m": os.getloadavg()[0], "collectives": collectives(a.repeats), "tbe": tbe(a.repeats),
-           "dense": dense(a.repeats)}
+           "load_avg_1m": os.getloadavg()[0], "ranks": a.ranks, "collectives": collectives(a.repeats),
+           "tbe": concurrent("tbe", a.repeats, a.ranks), "dense": concurrent("dense", a.repeats, a.ranks)}
     c, t, d = res["collectives"], res["tbe"], res["dense"]
     res["preset"] = {
         "collective_latency_us": round(statistics.median(v["latency_us"] for v in c.values()), 1),

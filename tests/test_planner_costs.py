@@ -154,17 +154,17 @@ def test_embedding_collectives_match_the_runtime():
 
 
 def test_embedding_overhead_hand_computed():
-    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "planner.costs.routing_kernels_per_piece=3"))
+    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_piece=30"))
     S = ShardingType
-    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus (100 exchange kernels + 3 x 9 pieces) x 0.01 ms
+    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus 100 exchange kernels x 0.01 ms + 9 pieces x 0.03 ms
     perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=9, groups=2)
-    assert perf.comm == approx(6 * 0.1 + (100 + 3 * 9) * 0.01)
+    assert perf.comm == approx(6 * 0.1 + 100 * 0.01 + 9 * 0.03)
     assert perf.fwd_comm == approx(2 * perf.bwd_comm)
     # 2 TBE groups x 4 kernels x 0.01 ms, half forward
     assert perf.compute == approx(2 * 4 * 0.01)
     assert perf.fwd_compute == approx(perf.bwd_compute)
     # lower bound: fewest collectives of any plan (DP: 3), one piece per table, no TBE term
-    assert cost.min_embedding_overhead_ms(1) == approx(3 * 0.1 + (100 + 3 * 1) * 0.01)
+    assert cost.min_embedding_overhead_ms(1) == approx(3 * 0.1 + 100 * 0.01 + 1 * 0.03)
     assert cost.min_embedding_overhead_ms(0) == 0.0
     # zero latency and kernel cost: nothing
     assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 5, 1).total == 0.0

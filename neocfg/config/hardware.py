@@ -27,6 +27,11 @@ class DeviceConfig:
     # Fixed host-side cost of one kernel (op) in the training step, microseconds: launch on a GPU (~5 us, CUDA
     # kernel launch latency; mostly overlapped, kept as the exposed part), eager op dispatch on a CPU rank.
     kernel_overhead_us: float = 5.0
+    # Host time per table piece per step of the runtime's id routing, microseconds: every rank loops in Python
+    # over every destination's pieces (slice; mask, bincount and rebase for row ranges; neocfg/runtime/dist.py
+    # route_ids). 0 on the GPU presets (unmeasured there; the solver does not trade this plan-wide term, so a
+    # large value would make it blind to what dominates); cpu_local: measured.
+    routing_us_per_piece: float = 0.0
     # Fraction of peak_tflops the dense MLPs reach in training on this device; unset: planner.costs.dense_mfu (a
     # GPU's model FLOPs utilization). A CPU rank's marginal GEMM rate is its peak once kernel_overhead_us is apart.
     dense_mfu: Optional[float] = None
@@ -36,6 +41,7 @@ class DeviceConfig:
         checks.positive(f"{key}.hbm_bandwidth_gbs", self.hbm_bandwidth_gbs)
         checks.positive(f"{key}.peak_tflops", self.peak_tflops)
         checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
+        checks.non_negative(f"{key}.routing_us_per_piece", self.routing_us_per_piece)
         if self.dense_mfu is not None:
             checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)
 

@@ -51,11 +51,6 @@ class CostConstants:
     # Kernels per fused lookup group (one TBE per weights precision x memory tier on a device) per step: the TBE
     # forward, its backward with the fused optimizer, the output concatenation and its gradient.
     tbe_kernels_per_group: float = 4.0
-    # Kernels per table piece in the world per step: every rank routes its ids to every piece's owner (slice and
-    # copy for whole tables; mask, bincount, rebase for row ranges) in neocfg.runtime.dist.route_ids: about 3. Off
-    # by default: the ILP does not see this plan-wide term (it would not trade pieces for it, and its proven bound
-    # would have to assume one piece per table), and with tens of tables embedding_step_kernels absorbs it.
-    routing_kernels_per_piece: float = 0.0
     # Size of one DDP gradient bucket (MiB): DDP issues one all-reduce per bucket (torch's bucket_cap_mb default).
     ddp_bucket_mib: float = 25.0
     # Bytes of one sparse id in the input all-to-all (int64 indices, as TorchRec's KJT sends them).
@@ -84,8 +79,8 @@ class CostConstants:
         checks.positive(f"{key}.id_bytes", self.id_bytes)
         checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
         checks.positive(f"{key}.ddp_bucket_mib", self.ddp_bucket_mib)
-        for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels", "tbe_kernels_per_group",
-                     "routing_kernels_per_piece"):
+        for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels",
+                     "tbe_kernels_per_group"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))
         for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))

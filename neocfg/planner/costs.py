@@ -99,6 +99,7 @@ class CostModel:
     host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
     collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
+    routing_ms_per_piece: float = 0.0    # host time per table piece in the world of the id routing
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -114,7 +115,8 @@ class CostModel:
             inter_gbs=hw.inter_node_bandwidth_gbs, peak_tflops=hw.device.peak_tflops, cache_ratio=pl.cache_ratio,
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
             sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
-            collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3)
+            collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
+            routing_ms_per_piece=hw.device.routing_us_per_piece / 1e3)
 
     @property
     def capacity(self) -> Storage:
@@ -151,7 +153,7 @@ class CostModel:
         compute: the kernels of each TBE call."""
         c = self.consts
         alpha = embedding_collectives(shardings) * self.collective_latency_ms
-        exchange = (c.embedding_step_kernels + c.routing_kernels_per_piece * pieces) * self.kernel_overhead_ms
+        exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_piece * pieces
         tbe = c.tbe_kernels_per_group * groups * self.kernel_overhead_ms
         # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward
         return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
