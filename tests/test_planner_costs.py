@@ -203,3 +203,15 @@ def test_plan_carries_the_overheads():
     assert plan.estimate.step_ms == approx(base.estimate.step_ms + fixed + dense_extra)
     assert plan.solver.lower_bound_ms <= plan.estimate.step_ms
     assert plan.solver.gap >= 0
+
+
+def test_exchange_copy_per_byte(table):
+    cost = CostModel.from_config(round_cfg(TABLE, "+hardware.device.exchange_copy_gbs=2"))
+    copy = 1 / 2e9 * 1e3                              # ms per byte of host copies
+    perf, _ = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx((800 * 2 * 8 + 800 * 16 * 4) * (A2A + copy))
+    assert perf.bwd_comm == approx(800 * 16 * 4 * (A2A + copy))
+    perf, _ = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx(100 * 2 * 8 * (A2A + copy) + 800 * 16 * 4 * (RS + copy))
+    perf, _ = cost.piece(table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)   # the all-reduce has no exchange copies

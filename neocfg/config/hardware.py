@@ -32,6 +32,10 @@ class DeviceConfig:
     # route_ids). 0 on the GPU presets (unmeasured there; the solver does not trade this plan-wide term, so a
     # large value would make it blind to what dominates); cpu_local: measured.
     routing_us_per_piece: float = 0.0
+    # Rate of the host copies around each byte of the embedding exchange (dtype casts, split / cat, index_select /
+    # index_add, forward and backward), GB/s, on top of the collective's own bandwidth; unset: free (on a GPU
+    # they run at HBM speed). cpu_local: measured.
+    exchange_copy_gbs: Optional[float] = None
     # Fraction of peak_tflops the dense MLPs reach in training on this device; unset: planner.costs.dense_mfu (a
     # GPU's model FLOPs utilization). A CPU rank's marginal GEMM rate is its peak once kernel_overhead_us is apart.
     dense_mfu: Optional[float] = None
@@ -42,6 +46,8 @@ class DeviceConfig:
         checks.positive(f"{key}.peak_tflops", self.peak_tflops)
         checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
         checks.non_negative(f"{key}.routing_us_per_piece", self.routing_us_per_piece)
+        if self.exchange_copy_gbs is not None:
+            checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
         if self.dense_mfu is not None:
             checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)
 

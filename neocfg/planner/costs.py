@@ -100,6 +100,7 @@ class CostModel:
     collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
     routing_ms_per_piece: float = 0.0    # host time per table piece in the world of the id routing
+    exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -116,7 +117,9 @@ class CostModel:
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
             sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
             collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
-            routing_ms_per_piece=hw.device.routing_us_per_piece / 1e3)
+            routing_ms_per_piece=hw.device.routing_us_per_piece / 1e3,
+            exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
+                                       else 0.0))
 
     @property
     def capacity(self) -> Storage:
@@ -206,19 +209,21 @@ class CostModel:
 
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
         c = self.consts
-        ids = shape.lookup_rows * c.id_bytes * self.a2a_ms_per_byte()
+        copy = self.exchange_copy_ms_per_byte   # host copies around each exchanged byte (0 unless configured)
+        a2a = self.a2a_ms_per_byte() + copy
+        ids = shape.lookup_rows * c.id_bytes * a2a
         fb, bb = self.a2a_fwd_bytes, self.a2a_bwd_bytes
         if sharding in (ShardingType.table_wise, ShardingType.column_wise, ShardingType.table_column_wise):
-            out = shape.output_samples * shape.cols * self.a2a_ms_per_byte()
+            out = shape.output_samples * shape.cols * a2a
             return Perf(fwd_comm=ids + out * fb, bwd_comm=out * bb)
         if sharding is ShardingType.row_wise:
             # partial pooled sums of every sample, reduce-scattered (fwd) / all-gathered (bwd) over the world
-            rs = shape.output_samples * shape.cols * self.reduce_scatter_ms_per_byte()
+            rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte() + copy)
             return Perf(fwd_comm=ids + rs * fb, bwd_comm=rs * bb)
         if sharding is ShardingType.table_row_wise:
             # reduce-scatter within the node, then the node's reduced outputs all-to-all to their samples' owners
-            rs = shape.output_samples * shape.cols * self.reduce_scatter_ms_per_byte(within_node=True)
-            out = shape.output_samples / self.topo.devices_per_node * shape.cols * self.a2a_ms_per_byte()
+            rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte(within_node=True) + copy)
+            out = shape.output_samples / self.topo.devices_per_node * shape.cols * a2a
             return Perf(fwd_comm=ids + (rs + out) * fb, bwd_comm=(rs + out) * bb)
         # data parallel: local lookups, the table's dense gradient all-reduced in fp32
         return Perf(bwd_comm=self.allreduce_ms(shape.rows * shape.cols * FP32))
