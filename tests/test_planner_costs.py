@@ -135,3 +135,83 @@ def test_capacity_reserves():
     cost = CostModel.from_config(cfg)
     assert cost.hbm_capacity == int(40 * 1024**3 * 0.9) - dense_cost(cfg).resident_bytes
     assert cost.host_capacity == int(1536 * 1024**3 * 0.8 / 4)
+
+
+# ---- fixed per-step costs: collective latency (alpha) and per-kernel overhead --------------------------------
+OVERHEAD = ("hardware.collective_latency_us=100", "hardware.device.kernel_overhead_us=10")
+
+
+def test_embedding_collectives_match_the_runtime():
+    from neocfg.planner.costs import embedding_collectives
+    S = ShardingType
+    assert embedding_collectives([]) == 2                                      # ids: counts + values
+    assert embedding_collectives([S.table_wise]) == 4                          # + outputs fwd, gradients bwd
+    assert embedding_collectives([S.table_wise, S.column_wise, S.table_column_wise]) == 4   # one shared a2a
+    assert embedding_collectives([S.row_wise]) == 4                            # reduce-scatter + all-gather
+    assert embedding_collectives([S.data_parallel]) == 3                       # gradient all-gather only
+    assert embedding_collectives([S.table_row_wise]) == 6                      # node RS + cross a2a, both ways
+    assert embedding_collectives(list(S)) == 2 + 2 + 2 + 1 + 4
+
+
+def test_embedding_overhead_hand_computed():
+    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_piece=30"))
+    S = ShardingType
+    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus 100 exchange kernels x 0.01 ms + 9 pieces x 0.03 ms
+    perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=9, groups=2)
+    assert perf.comm == approx(6 * 0.1 + 100 * 0.01 + 9 * 0.03)
+    assert perf.fwd_comm == approx(2 * perf.bwd_comm)
+    # 2 TBE groups x 4 kernels x 0.01 ms, half forward
+    assert perf.compute == approx(2 * 4 * 0.01)
+    assert perf.fwd_compute == approx(perf.bwd_compute)
+    # lower bound: fewest collectives of any plan (DP: 3), one piece per table, no TBE term
+    assert cost.min_embedding_overhead_ms(1) == approx(3 * 0.1 + 100 * 0.01 + 1 * 0.03)
+    assert cost.min_embedding_overhead_ms(0) == 0.0
+    # zero latency and kernel cost: nothing
+    assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 5, 1).total == 0.0
+
+
+def test_dense_mfu_per_device():
+    base = dense_cost(round_cfg(TABLE))
+    d = dense_cost(round_cfg(TABLE, "+hardware.device.dense_mfu=0.8"))
+    assert d.perf.fwd_compute == approx(base.perf.fwd_compute / 2)   # 0.8 instead of planner.costs.dense_mfu 0.4
+
+
+def test_dense_overhead_hand_computed():
+    base = dense_cost(round_cfg(TABLE))
+    d = dense_cost(round_cfg(TABLE, *OVERHEAD))
+    # layers: bottom [8] (1) + DCN 3 cross layers x 2 matmuls (6) + top [4, 1] (2) = 9
+    kernels = (6 * 9 + 30) * 0.01
+    assert d.perf.compute == approx(base.perf.compute + kernels)
+    assert d.perf.fwd_compute == approx(base.perf.fwd_compute + kernels / 3)
+    # one DDP bucket (params x 4 bytes < 25 MiB): one all-reduce latency
+    assert d.perf.bwd_comm == approx(base.perf.bwd_comm + 0.1)
+    d2 = dense_cost(round_cfg(TABLE, *OVERHEAD, "planner.costs.ddp_bucket_mib=0.1"))
+    buckets = -(-base.parameters * 4 // int(0.1 * 2**20))
+    assert d2.perf.bwd_comm == approx(base.perf.bwd_comm + buckets * 0.1)
+
+
+def test_plan_carries_the_overheads():
+    from neocfg.planner.pipeline import plan_placement
+    tables = [("a", 1000, 16, 2), ("b", 2000, 16, 1)]
+    cfg = round_cfg(tables, *OVERHEAD, "planner.sharding_types=[table_wise]")
+    plan = plan_placement(cfg)
+    base = plan_placement(round_cfg(tables, "planner.sharding_types=[table_wise]"))
+    cost = CostModel.from_config(cfg)
+    # the busiest device holds one TW table (one TBE group)
+    fixed = cost.embedding_overhead_ms([ShardingType.table_wise], 2, 1).total
+    dense_extra = dense_cost(cfg).perf.total - dense_cost(round_cfg(tables)).perf.total
+    assert plan.estimate.step_ms == approx(base.estimate.step_ms + fixed + dense_extra)
+    assert plan.solver.lower_bound_ms <= plan.estimate.step_ms
+    assert plan.solver.gap >= 0
+
+
+def test_exchange_copy_per_byte(table):
+    cost = CostModel.from_config(round_cfg(TABLE, "+hardware.device.exchange_copy_gbs=2"))
+    copy = 1 / 2e9 * 1e3                              # ms per byte of host copies
+    perf, _ = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx((800 * 2 * 8 + 800 * 16 * 4) * (A2A + copy))
+    assert perf.bwd_comm == approx(800 * 16 * 4 * (A2A + copy))
+    perf, _ = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx(100 * 2 * 8 * (A2A + copy) + 800 * 16 * 4 * (RS + copy))
+    perf, _ = cost.piece(table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)   # the all-reduce has no exchange copies

@@ -24,11 +24,32 @@ class DeviceConfig:
     hbm_bandwidth_gbs: float = MISSING
     # Dense throughput the MLPs can reach (peak at the training precision, before efficiency factors).
     peak_tflops: float = 100.0
+    # Fixed host-side cost of one kernel (op) in the training step, microseconds: launch on a GPU (~5 us, CUDA
+    # kernel launch latency; mostly overlapped, kept as the exposed part), eager op dispatch on a CPU rank.
+    kernel_overhead_us: float = 5.0
+    # Host time per table piece per step of the runtime's id routing, microseconds: every rank loops in Python
+    # over every destination's pieces (slice; mask, bincount and rebase for row ranges; neocfg/runtime/dist.py
+    # route_ids). 0 on the GPU presets (unmeasured there; the solver does not trade this plan-wide term, so a
+    # large value would make it blind to what dominates); cpu_local: measured.
+    routing_us_per_piece: float = 0.0
+    # Rate of the host copies around each byte of the embedding exchange (dtype casts, split / cat, index_select /
+    # index_add, forward and backward), GB/s, on top of the collective's own bandwidth; unset: free (on a GPU
+    # they run at HBM speed). cpu_local: measured.
+    exchange_copy_gbs: Optional[float] = None
+    # Fraction of peak_tflops the dense MLPs reach in training on this device; unset: planner.costs.dense_mfu (a
+    # GPU's model FLOPs utilization). A CPU rank's marginal GEMM rate is its peak once kernel_overhead_us is apart.
+    dense_mfu: Optional[float] = None
 
     def check(self, key: str) -> None:
         checks.positive(f"{key}.hbm_gib", self.hbm_gib)
         checks.positive(f"{key}.hbm_bandwidth_gbs", self.hbm_bandwidth_gbs)
         checks.positive(f"{key}.peak_tflops", self.peak_tflops)
+        checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
+        checks.non_negative(f"{key}.routing_us_per_piece", self.routing_us_per_piece)
+        if self.exchange_copy_gbs is not None:
+            checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
+        if self.dense_mfu is not None:
+            checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)
 
 
 @dataclass
@@ -59,6 +80,10 @@ class HardwareConfig:
     # Per-device bandwidth within a node (NVLink) and across nodes (the device's share of the RDMA NICs).
     intra_node_bandwidth_gbs: float = MISSING
     inter_node_bandwidth_gbs: float = MISSING
+    # Fixed time of one collective whatever its size (alpha of the alpha-beta model), microseconds: a property of
+    # the backend and interconnect (NCCL over NVLink ~10-30 us, over RDMA across nodes more; gloo over loopback TCP
+    # ~0.1-1 ms). The default is NCCL's small-message all-to-all latency within a node (nccl-tests).
+    collective_latency_us: float = 25.0
 
     @property
     def num_devices(self) -> int:
@@ -77,5 +102,6 @@ class HardwareConfig:
         self.host.check(f"{key}.host")
         checks.positive(f"{key}.intra_node_bandwidth_gbs", self.intra_node_bandwidth_gbs)
         checks.positive(f"{key}.inter_node_bandwidth_gbs", self.inter_node_bandwidth_gbs)
+        checks.non_negative(f"{key}.collective_latency_us", self.collective_latency_us)
         if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
             raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

@@ -37,6 +37,22 @@ class CostConstants:
     # Fixed cost per embedding shard per step (microseconds): index bookkeeping, bucketization and small kernels
     # that run per table even inside a fused TBE (TorchRec's planner adds a similar per-shard overhead).
     shard_overhead_us: float = 5.0
+    # Host-side work per step counted in kernels (ops), each costing hardware.device.kernel_overhead_us:
+    # Kernels per dense linear layer per training step: addmm and activation forward; input-gradient matmul,
+    # weight-gradient matmul, bias-gradient sum and activation gradient backward (counted in torch's autograd graph).
+    dense_kernels_per_layer: float = 6.0
+    # Kernels per step of the dense part outside its linear layers: interaction (bmm, triangle index, cat) forward
+    # and backward, BCE loss and its gradient, zero_grad, DDP's bucket copies, the optimizer's foreach update.
+    dense_step_kernels: float = 30.0
+    # Kernels per step of the embedding exchange on every device, forward and backward (neocfg/runtime/dist.py and
+    # embedding.py, about 100 ops: id routing (cumsum, repeat_interleave, gather, per-group offsets, the .tolist()
+    # syncs), the output exchange's casts, splits, index_select / index_add per output kind, and their backward).
+    embedding_step_kernels: float = 100.0
+    # Kernels per fused lookup group (one TBE per weights precision x memory tier on a device) per step: the TBE
+    # forward, its backward with the fused optimizer, the output concatenation and its gradient.
+    tbe_kernels_per_group: float = 4.0
+    # Size of one DDP gradient bucket (MiB): DDP issues one all-reduce per bucket (torch's bucket_cap_mb default).
+    ddp_bucket_mib: float = 25.0
     # Bytes of one sparse id in the input all-to-all (int64 indices, as TorchRec's KJT sends them).
     id_bytes: int = 8
     # Bytes of cache metadata per cached row of a UVM-cached table (fbgemm lxu_cache_state int64 + LRU timestamp).
@@ -62,6 +78,10 @@ class CostConstants:
         checks.positive(f"{key}.bwd_compute_multiplier", self.bwd_compute_multiplier)
         checks.positive(f"{key}.id_bytes", self.id_bytes)
         checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
+        checks.positive(f"{key}.ddp_bucket_mib", self.ddp_bucket_mib)
+        for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels",
+                     "tbe_kernels_per_group"):
+            checks.non_negative(f"{key}.{name}", getattr(self, name))
         for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))
 

@@ -54,13 +54,23 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
             host[r] += p.option.storage.host
             counts[r][p.option.sharding.value] += 1
     perf = device_perf(cost, placements)
+    # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
+    kinds, pieces = {p.option.sharding for p in placements}, sum(len(p.ranks) for p in placements)
+    groups: list[set] = [set() for _ in range(cost.topo.world)]
+    for p in placements:
+        for r in p.ranks:
+            groups[r].add((p.option.dtype, p.option.tier))
+    perf = [q + cost.embedding_overhead_ms(kinds, pieces, len(g)) for q, g in zip(perf, groups)]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
                        compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
                        total_ms=perf[r].total + dense.perf.total, shard_counts=dict(sorted(counts[r].items())))
         for r in range(cost.topo.world))
     step = max(d.total_ms for d in devices)
-    lb = min(result.lower_bound_ms + dense.perf.total, step)
+    # The solver does not trade the plan-wide fixed costs (collective latency per sharding kind, exchange kernels):
+    # its bound plus the plan's own (device-independent) fixed communication bounds every placement that issues
+    # the same collectives; cost.min_embedding_overhead_ms gives the weaker bound over every mix of kinds.
+    lb = min(result.lower_bound_ms + cost.embedding_overhead_ms(kinds, pieces).comm + dense.perf.total, step)
     gap = (step - lb) / step if step > 0 else 0.0
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,

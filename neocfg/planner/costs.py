@@ -8,6 +8,11 @@ Compute  lookup bytes / effective bandwidth of the tier (HBM; UVM caching mixes 
 Comm     all-to-all from/to every device: bytes x (fraction within the node / intra bandwidth + fraction across
          nodes / inter bandwidth); reduce-scatter / all-gather / all-reduce hierarchically (within the node, then
          1/P of the data across nodes). All divided by `comm_efficiency`.
+Overhead fixed costs the byte and FLOP terms miss, which dominate small models and CPU ranks: every collective
+         costs hardware.collective_latency_us (alpha) on top of its bytes (beta); every kernel (op) costs
+         hardware.device.kernel_overhead_us. Counted per step from what the runtime issues: embedding collectives by
+         the sharding types in the plan (`embedding_collectives`), kernels of id routing per table piece and around
+         the fused lookups (`embedding_overhead_ms`), kernels per dense layer and DDP buckets (`dense_cost`).
 Memory   weights at the precision + optimizer state (row-wise Adagrad one fp32 per row, Adagrad one per element,
          SGD none) + cache metadata (UVM caching) + input/output buffers (ids, pooled outputs and their gradients).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -91,6 +97,10 @@ class CostModel:
     sparse_optimizer: SparseOptimizer
     hbm_capacity: int         # usable bytes of device memory per device for embeddings
     host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
+    collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
+    kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
+    routing_ms_per_piece: float = 0.0    # host time per table piece in the world of the id routing
+    exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -105,7 +115,11 @@ class CostModel:
             pcie_bandwidth_gbs=hw.host.pcie_bandwidth_gbs, intra_gbs=hw.intra_node_bandwidth_gbs,
             inter_gbs=hw.inter_node_bandwidth_gbs, peak_tflops=hw.device.peak_tflops, cache_ratio=pl.cache_ratio,
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
-            sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host)
+            sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
+            collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
+            routing_ms_per_piece=hw.device.routing_us_per_piece / 1e3,
+            exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
+                                       else 0.0))
 
     @property
     def capacity(self) -> Storage:
@@ -132,6 +146,30 @@ class CostModel:
 
     def allreduce_ms(self, nbytes: float) -> float:
         return 2 * nbytes * self.reduce_scatter_ms_per_byte()
+
+    # ---- fixed per-step costs of the embedding part (the same on every device: all take part) ---------------
+    def embedding_overhead_ms(self, shardings: Iterable[ShardingType], pieces: int, groups: int = 0) -> Perf:
+        """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types and this
+        many table pieces in the world (a DP table counts one piece per device), the device holding `groups` fused
+        lookup groups (one TBE per weights precision x memory tier). Communication: the collectives' latency and
+        the host kernels of the id routing and output exchange (every device routes to every piece's owner);
+        compute: the kernels of each TBE call."""
+        c = self.consts
+        alpha = embedding_collectives(shardings) * self.collective_latency_ms
+        exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_piece * pieces
+        tbe = c.tbe_kernels_per_group * groups * self.kernel_overhead_ms
+        # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward
+        return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
+                    bwd_comm=(alpha + exchange) / 3)
+
+    def min_embedding_overhead_ms(self, num_tables: int) -> float:
+        """The least communication part of embedding_overhead_ms, which every device pays, of any plan of
+        num_tables tables (for the lower bound): one piece per table, and the fewest collectives any non-empty plan
+        issues (ids, plus DP's gradient all-gather)."""
+        if num_tables == 0:
+            return 0.0
+        fewest = min(embedding_collectives({s}) for s in ShardingType)
+        return self.embedding_overhead_ms([], num_tables).comm + (fewest - IDS_COLLECTIVES) * self.collective_latency_ms
 
     # ---- memory ------------------------------------------------------------------------------------------
     def optimizer_state_bytes(self, rows: int, cols: int) -> int:
@@ -171,19 +209,21 @@ class CostModel:
 
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
         c = self.consts
-        ids = shape.lookup_rows * c.id_bytes * self.a2a_ms_per_byte()
+        copy = self.exchange_copy_ms_per_byte   # host copies around each exchanged byte (0 unless configured)
+        a2a = self.a2a_ms_per_byte() + copy
+        ids = shape.lookup_rows * c.id_bytes * a2a
         fb, bb = self.a2a_fwd_bytes, self.a2a_bwd_bytes
         if sharding in (ShardingType.table_wise, ShardingType.column_wise, ShardingType.table_column_wise):
-            out = shape.output_samples * shape.cols * self.a2a_ms_per_byte()
+            out = shape.output_samples * shape.cols * a2a
             return Perf(fwd_comm=ids + out * fb, bwd_comm=out * bb)
         if sharding is ShardingType.row_wise:
             # partial pooled sums of every sample, reduce-scattered (fwd) / all-gathered (bwd) over the world
-            rs = shape.output_samples * shape.cols * self.reduce_scatter_ms_per_byte()
+            rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte() + copy)
             return Perf(fwd_comm=ids + rs * fb, bwd_comm=rs * bb)
         if sharding is ShardingType.table_row_wise:
             # reduce-scatter within the node, then the node's reduced outputs all-to-all to their samples' owners
-            rs = shape.output_samples * shape.cols * self.reduce_scatter_ms_per_byte(within_node=True)
-            out = shape.output_samples / self.topo.devices_per_node * shape.cols * self.a2a_ms_per_byte()
+            rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte(within_node=True) + copy)
+            out = shape.output_samples / self.topo.devices_per_node * shape.cols * a2a
             return Perf(fwd_comm=ids + (rs + out) * fb, bwd_comm=(rs + out) * bb)
         # data parallel: local lookups, the table's dense gradient all-reduced in fp32
         return Perf(bwd_comm=self.allreduce_ms(shape.rows * shape.cols * FP32))
@@ -207,6 +247,29 @@ class CostModel:
         shape = self.shape(table, sharding, num_pieces)
         perf = self.compute(table, shape, tier, dtype) + self.comm(table, sharding, shape)
         return perf, self.storage(shape, tier, dtype, sharding)
+
+
+# Collectives neocfg.runtime.dist issues per step on the embedding process group (forward + backward).
+IDS_COLLECTIVES = 2                      # all-to-all of the id counts, then of the ids (every plan)
+OUTPUT_COLLECTIVES = {
+    ShardingType.table_wise: 2,          # pooled outputs all-to-all forward, their gradients backward
+    ShardingType.column_wise: 2,         # (TW, CW and TWCW share the one all-to-all each way)
+    ShardingType.table_column_wise: 2,
+    ShardingType.row_wise: 2,            # reduce-scatter of partial sums forward, all-gather backward
+    ShardingType.table_row_wise: 4,      # node reduce-scatter + cross-node all-to-all, and back
+    ShardingType.data_parallel: 1,       # local lookups forward, gradient all-gather backward
+}
+_SHARED_A2A = (ShardingType.table_wise, ShardingType.column_wise, ShardingType.table_column_wise)
+
+
+def embedding_collectives(shardings: Iterable[ShardingType]) -> int:
+    """Collectives per step of a plan whose tables use these sharding types (the runtime batches all tables of a
+    kind into one collective, so the count depends on the kinds present, not on the number of tables)."""
+    kinds = set(shardings)
+    n = IDS_COLLECTIVES
+    if kinds & set(_SHARED_A2A):
+        n += OUTPUT_COLLECTIVES[ShardingType.table_wise]
+    return n + sum(OUTPUT_COLLECTIVES[k] for k in kinds if k not in _SHARED_A2A)
 
 
 # ---- the dense part ---------------------------------------------------------------------------------------
@@ -241,6 +304,12 @@ def dense_flops_and_params(model: ModelConfig) -> tuple[float, int]:
     return bottom_f + inter_f + top_f, bottom_p + inter_p + top_p
 
 
+def dense_layers(model: ModelConfig) -> int:
+    """Linear layers of the dense part (bottom and top MLPs; DCN: two low-rank matmuls per cross layer)."""
+    inter = 0 if model.interaction is Interaction.dot else 2 * model.dcn_num_layers
+    return len(model.bottom_layers) + inter + len(model.top_mlp)
+
+
 # Optimizer state per dense parameter, in fp32 words.
 _DENSE_STATE_WORDS = {DenseOptimizer.sgd: 0, DenseOptimizer.adagrad: 1, DenseOptimizer.adam: 2}
 # Training FLOPs as a multiple of forward FLOPs (backward computes gradients of inputs and of weights).
@@ -250,13 +319,20 @@ TRAIN_FLOPS_PER_FWD = 3
 def dense_cost(cfg: NeocfgConfig) -> DenseCost:
     hw, c = cfg.hardware, cfg.planner.costs
     flops, params = dense_flops_and_params(cfg.model)
-    rate = hw.device.peak_tflops * 1e12 * c.dense_mfu
+    mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
+    rate = hw.device.peak_tflops * 1e12 * mfu
     fwd = flops * cfg.train.batch_size / rate * MS
     p, n = hw.devices_per_node, hw.nodes
     grad_bytes = params * FP32
     per_byte = ((p - 1) / p / (hw.intra_node_bandwidth_gbs * GB)
                 + (n - 1) / n / p / (hw.inter_node_bandwidth_gbs * GB)) * MS / c.comm_efficiency
-    allreduce = 2 * grad_bytes * per_byte * c.dense_allreduce_exposed
-    perf = Perf(fwd_compute=fwd, bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1), bwd_comm=allreduce)
+    buckets = math.ceil(grad_bytes / (c.ddp_bucket_mib * 2**20))
+    alpha = buckets * hw.collective_latency_us / 1e3
+    allreduce = (2 * grad_bytes * per_byte + alpha) * c.dense_allreduce_exposed
+    kernels = (c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels) \
+        * hw.device.kernel_overhead_us / 1e3
+    # a third of the kernels run forward (see dense_kernels_per_layer: 2 of 6 per layer)
+    perf = Perf(fwd_compute=fwd + kernels / 3, bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + kernels * 2 / 3,
+                bwd_comm=allreduce)
     resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
     return DenseCost(flops_per_sample=flops, parameters=params, perf=perf, resident_bytes=resident)
