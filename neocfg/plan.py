@@ -60,7 +60,16 @@ class DeviceEstimate:
 class Estimate:
     step_ms: float
     samples_per_s: float
+    # The dense part (MLPs, DDP all-reduce) inside every device's compute_ms / comm_ms / total_ms.
     dense_ms: float = 0.0
+    dense_compute_ms: float = 0.0
+    dense_comm_ms: float = 0.0
+
+    def embedding_terms_ms(self, devices: "tuple[DeviceEstimate, ...]") -> tuple[float, float]:
+        """(compute, comm) of the embedding part on the busiest device: the device terms less the dense part."""
+        compute = max((d.compute_ms for d in devices), default=0.0) - self.dense_compute_ms
+        comm = max((d.comm_ms for d in devices), default=0.0) - self.dense_comm_ms
+        return compute, comm
 
 
 @dataclass(frozen=True)

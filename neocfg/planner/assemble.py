@@ -84,7 +84,8 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         batch_size_per_device=cfg.train.batch_size, a2a_fwd_dtype=cfg.planner.a2a_fwd_dtype,
         a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=devices,
         estimate=Estimate(step_ms=step, samples_per_s=cfg.train.batch_size * hw.num_devices / (step / 1e3),
-                          dense_ms=dense.perf.total),
+                          dense_ms=dense.perf.total, dense_compute_ms=dense.perf.compute,
+                          dense_comm_ms=dense.perf.comm),
         solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
                             objective_ms=step, lower_bound_ms=lb, gap=gap),
         dpp=None)

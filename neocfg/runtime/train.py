@@ -240,6 +240,7 @@ class Trainer:
         data = aggregate_data_stats([g["data"] or {} for g in gathered])
         if "data_stall_fraction" not in data:  # sources without their own stall clock: wait over step time
             data["data_stall_fraction"] = breakdown["data_wait"] / measured_ms if measured_ms > 0 else 0.0
+        emb_compute_ms, emb_comm_ms = self.plan.estimate.embedding_terms_ms(self.plan.devices)
         metrics = {
             "model": self.cfg.model.name, "world_size": world, "batch_size_per_rank": tc.batch_size,
             "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
@@ -257,9 +258,8 @@ class Trainer:
             "plan_batch_size_per_device": self.plan.batch_size_per_device,
             # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
             "predicted_vs_measured_ms": {
-                "embedding_compute": [max((d.compute_ms for d in self.plan.devices), default=0.0),
-                                      breakdown["emb_fwd"] + breakdown["emb_bwd"]],
-                "embedding_comm": [max((d.comm_ms for d in self.plan.devices), default=0.0),
+                "embedding_compute": [emb_compute_ms, breakdown["emb_fwd"] + breakdown["emb_bwd"]],
+                "embedding_comm": [emb_comm_ms,
                                    breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]],
                 "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
                 "data": [0.0, breakdown["data_wait"]]},
