@@ -66,3 +66,12 @@ def test_data_stats_aggregate_fractions_by_mean_and_counters_by_sum():
         {"data_stall_fraction": 0.3, "samples_delivered": 50, "dpp.workers": 1, "dpp.workers_source": "plan"},
     ])
     assert agg == {"data_stall_fraction": pytest.approx(0.2), "samples_delivered": 150, "dpp.workers": 3}
+
+
+def test_predicted_embedding_terms_leave_out_the_dense_part():
+    from neocfg.plan import DeviceEstimate, Estimate
+
+    devices = (DeviceEstimate(rank=0, hbm_bytes=0, host_bytes=0, compute_ms=5.0, comm_ms=3.0, total_ms=8.0),
+               DeviceEstimate(rank=1, hbm_bytes=0, host_bytes=0, compute_ms=6.0, comm_ms=2.5, total_ms=8.5))
+    est = Estimate(step_ms=8.5, samples_per_s=1.0, dense_ms=3.0, dense_compute_ms=2.0, dense_comm_ms=1.0)
+    assert est.embedding_terms_ms(devices) == (4.0, 2.0)
