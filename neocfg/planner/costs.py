@@ -144,9 +144,6 @@ class CostModel:
             t += (n - 1) / n / p / (self.inter_gbs * GB)
         return t * MS / self.consts.comm_efficiency
 
-    def allreduce_ms(self, nbytes: float) -> float:
-        return 2 * nbytes * self.reduce_scatter_ms_per_byte()
-
     # ---- fixed per-step costs of the embedding part (the same on every device: all take part) ---------------
     def embedding_overhead_ms(self, shardings: Iterable[ShardingType], pieces: int, groups: int = 0) -> Perf:
         """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types and this
@@ -181,8 +178,6 @@ class CostModel:
         state = self.optimizer_state_bytes(shape.rows, shape.cols)
         # ids received + pooled outputs produced + their gradients received, fp32 on the device.
         buffers = int(shape.lookup_rows * self.consts.id_bytes + 2 * shape.output_samples * shape.cols * FP32)
-        if sharding is ShardingType.data_parallel:
-            buffers += shape.rows * shape.cols * FP32  # the dense gradient of the replica
         if tier is MemoryTier.hbm:
             return Storage(weights + state + buffers, 0)
         if tier is MemoryTier.uvm_caching:
@@ -225,8 +220,11 @@ class CostModel:
             rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte(within_node=True) + copy)
             out = shape.output_samples / self.topo.devices_per_node * shape.cols * a2a
             return Perf(fwd_comm=ids + (rs + out) * fb, bwd_comm=(rs + out) * bb)
-        # data parallel: local lookups, the table's dense gradient all-reduced in fp32
-        return Perf(bwd_comm=self.allreduce_ms(shape.rows * shape.cols * FP32))
+        # data parallel as neocfg.runtime executes it (fused optimizers give no dense gradient to all-reduce): the
+        # id exchange brings every replica the global batch's ids, each looks them all up and keeps its own samples,
+        # and the output gradients are all-gathered backward so every replica applies the same fused update.
+        ag = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte() + copy)
+        return Perf(fwd_comm=ids, bwd_comm=ag * bb)
 
     # ---- pieces ------------------------------------------------------------------------------------------
     def shape(self, table: TableConfig, sharding: ShardingType, num_pieces: int) -> PieceShape:
@@ -240,7 +238,7 @@ class CostModel:
             return PieceShape(rows=ceil_div(n, self.topo.world), cols=d, lookup_rows=b * L, output_samples=g)
         if sharding is ShardingType.table_row_wise:
             return PieceShape(rows=ceil_div(n, p), cols=d, lookup_rows=g * L / p, output_samples=g)
-        return PieceShape(rows=n, cols=d, lookup_rows=b * L, output_samples=b)
+        return PieceShape(rows=n, cols=d, lookup_rows=g * L, output_samples=g)  # data parallel: see comm()
 
     def piece(self, table: TableConfig, sharding: ShardingType, tier: MemoryTier, dtype: WeightsDtype,
               num_pieces: int) -> tuple[Perf, Storage]:
