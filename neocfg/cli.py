@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from neocfg.cli_errors import format_error
 from neocfg.config.schema import NeocfgConfig, load, register
-from neocfg.errors import NeocfgError
+from neocfg.errors import ConfigError, NeocfgError
 from neocfg.sweep.summary import STATUS_FILE
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -107,6 +107,18 @@ def _app(raw: DictConfig) -> object:
     return result
 
 
+def check_sweep_x(argv: list[str]) -> None:
+    """sweep.x must name a key given on the command line: checked before any run of the sweep starts."""
+    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
+    keys = [a.split("=", 1)[0].lstrip("+~") for a in overrides]
+    for arg in overrides:
+        if arg.split("=", 1)[0] == "sweep.x":
+            x = arg.split("=", 1)[1]
+            others = [k for k in keys if not k.startswith("sweep.")]
+            if x not in others:
+                raise ConfigError("sweep.x", x, f"must be one of the keys given on the command line: {', '.join(others)}")
+
+
 def main() -> None:
     debug = _debug_requested(sys.argv[1:])
     # `neocfg ... | head` ends quietly, like any Unix tool, instead of reporting a broken pipe.
@@ -115,6 +127,7 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     register()
     try:
+        check_sweep_x(sys.argv[1:])
         _app()
     except SystemExit:
         raise

@@ -68,3 +68,11 @@ def test_train_sweep_reads_metrics_json(cli, tmp_path):
         assert float(row["step_ms"]) > 0  # the plan's prediction sits beside the measurement
     for job in ("0", "1"):
         assert (sweep / job / "metrics.json").exists() and (sweep / job / "plan.json").exists()
+
+
+def test_sweep_x_must_be_a_key_on_the_command_line(cli, tmp_path):
+    r = cli("-m", "mode=describe", "hardware.nodes=1,2", "sweep.x=hardware.devices_per_node")
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("neocfg: error: sweep.x='hardware.devices_per_node' is invalid: must be one of the keys"
+                                " given on the command line: mode, hardware.nodes")
+    assert not (tmp_path / "multirun").exists()

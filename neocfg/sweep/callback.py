@@ -27,6 +27,6 @@ class SweepSummary(Callback):
         failed = sum(not r.fits for r in rows)
         print(f"sweep: {len(rows)} runs ({failed} did not fit or failed) over {', '.join(keys) or 'no swept keys'};"
               f" summary in {sweep_dir}/sweep_summary.{{csv,md,png}}")
-        if x_key and x_key not in keys:
-            print(f"neocfg: warning: sweep.x={x_key!r} is not a swept key (swept: {', '.join(keys)});"
-                  f" the plot used the first swept key", file=sys.stderr)
+        if x_key and x_key not in keys:  # given on the command line (cli checks that) but one value in every run
+            print(f"neocfg: note: sweep.x={x_key!r} took one value in every run; the plot's x axis is"
+                  f" {keys[0] if keys else 'the job number'}", file=sys.stderr)
