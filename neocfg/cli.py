@@ -109,14 +109,12 @@ def _app(raw: DictConfig) -> object:
 
 def check_sweep_x(argv: list[str]) -> None:
     """sweep.x must name a key given on the command line: checked before any run of the sweep starts."""
-    overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-    keys = [a.split("=", 1)[0].lstrip("+~") for a in overrides]
-    for arg in overrides:
-        if arg.split("=", 1)[0] == "sweep.x":
-            x = arg.split("=", 1)[1]
-            others = [k for k in keys if not k.startswith("sweep.")]
-            if x not in others:
-                raise ConfigError("sweep.x", x, f"must be one of the keys given on the command line: {', '.join(others)}")
+    pairs = [a.split("=", 1) for a in argv if "=" in a and not a.startswith("-")]
+    given = {key.lstrip("+~"): value for key, value in pairs}
+    x = given.get("sweep.x")
+    others = [k for k in given if not k.startswith("sweep.")]
+    if x is not None and x not in others:
+        raise ConfigError("sweep.x", x, f"must be one of the keys given on the command line: {', '.join(others)}")
 
 
 def main() -> None:
