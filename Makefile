@@ -25,7 +25,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_planner.py --quick
 	$(PY) bench/bench_embedding.py
 	$(PY) bench/bench_e2e.py
-	$(PY) bench/bench_prediction.py
+	$(PY) bench/prediction_error.py
 	$(PY) bench/bench_dpp.py
 
 clean:
