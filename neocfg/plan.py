@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from neocfg.errors import DataError
+from neocfg.fileio import read_json, write_text_atomic
 from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
 
 PLAN_FORMAT_VERSION = 1
@@ -152,17 +152,8 @@ class Plan:
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves either the old file or the new one, never half of one."""
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=1) + "\n")
 
     @staticmethod
     def load(path: Path) -> "Plan":
-        path = Path(path)
-        try:
-            return Plan.from_dict(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise DataError(f"{path}: plan file not found") from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{path}: not a valid neocfg plan.json ({type(exc).__name__}: {exc})") from None
+        return read_json(path, Plan.from_dict, "plan file not found", "not a valid neocfg plan.json")

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from neocfg.errors import NeocfgError
+from neocfg.fileio import write_text_atomic
 from neocfg.plan import Plan
 
 CHECKPOINT_FORMAT_VERSION = 1
@@ -50,12 +51,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @dataclass
@@ -89,11 +84,11 @@ class Checkpointer:
         if self.rank == 0:
             meta = {"format_version": CHECKPOINT_FORMAT_VERSION, "step": step, "world_size": self.world,
                     "placement": _placement(plan)}
-            _write_atomic(tmp / "meta.json", json.dumps(meta) + "\n")
+            write_text_atomic(tmp / "meta.json", json.dumps(meta) + "\n")
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _write_atomic(self.root / LATEST, final.name + "\n")
+            write_text_atomic(self.root / LATEST, final.name + "\n")
             done = sorted(p for p in self.root.glob("step_*") if p.is_dir())
             for old in done[:-KEEP_CHECKPOINTS]:
                 shutil.rmtree(old, ignore_errors=True)

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from neocfg.data.dataset import Split
-from neocfg.errors import DataError
+from neocfg.fileio import read_json, write_text_atomic
 
 Ranges = tuple[tuple[int, int], ...]
 
@@ -72,18 +72,11 @@ class Position:
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves the previous checkpoint or this one, never half of one."""
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_state()) + "\n")
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(self.to_state()) + "\n")
 
     @staticmethod
     def load(path: Path) -> "Position":
-        try:
-            return Position.from_state(json.loads(path.read_text()))
-        except FileNotFoundError:
-            raise DataError(f"{path}: no DPP checkpoint here") from None
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{path}: not a DPP checkpoint ({type(exc).__name__}: {exc})") from None
+        return read_json(path, Position.from_state, "no DPP checkpoint here", "not a DPP checkpoint")
 
     @staticmethod
     def merge(positions: list["Position"], num_splits: int) -> "Position":
