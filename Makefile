@@ -7,12 +7,27 @@ STAMP := $(VENV)/.neocfg-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test bench clean
+.PHONY: run test bench clean torchrec-env
+
+# TorchRec 1.8 (for bench/bench_vs_torchrec.py and the interop tests) lives in an environment of its own: it is
+# installed without its dependencies (its fbgemm-gpu requirement would pull a CUDA build; fbgemm-gpu-cpu serves).
+TR_VENV ?= .venv-torchrec
+TR_PY := $(TR_VENV)/bin/python
+TR_STAMP := $(TR_VENV)/.neocfg-installed
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
+
+$(TR_STAMP): pyproject.toml
+	@test -x $(TR_PY) || $(PYTHON) -m venv $(TR_VENV)
+	$(TR_PY) -m pip install --quiet -e '.[test]'
+	$(TR_PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(TR_PY) -m pip install --quiet tensordict 'torchmetrics==1.0.3' pyre-extensions iopath
+	@touch $(TR_STAMP)
+
+torchrec-env: $(TR_STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/neocfg $(ARGS)
@@ -29,4 +44,4 @@ bench: $(STAMP)
 	$(PY) bench/bench_dpp.py
 
 clean:
-	rm -rf $(VENV) outputs multirun .pytest_cache
+	rm -rf $(VENV) $(TR_VENV) outputs multirun .pytest_cache
