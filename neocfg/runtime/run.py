@@ -18,7 +18,9 @@ from neocfg.types import Backend
 
 def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
     if cfg.planner.plan_file:
-        return Plan.load(Path(cfg.planner.plan_file))
+        from neocfg.plan_check import load_plan_file
+
+        return load_plan_file(cfg.planner.plan_file, cfg.model, cfg.hardware.num_devices)
     from neocfg.planner import make_plan
 
     return make_plan(cfg)

@@ -35,7 +35,9 @@ class WorkerCount:
 
 def _planned(cfg: NeocfgConfig) -> Optional[Plan]:
     if cfg.planner.plan_file:
-        return Plan.load(cfg.planner.plan_file)
+        from neocfg.plan_check import load_plan_file
+
+        return load_plan_file(cfg.planner.plan_file, cfg.model)
     try:
         from neocfg.planner import make_plan
     except ImportError:

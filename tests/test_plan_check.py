@@ -1,0 +1,131 @@
+"""Issue 11 finding 1: a plan file whose shards do not cover each table exactly once, sit on ranks outside the
+world, disagree with the model or carry wrongly typed fields is refused with one line naming the file, the table and
+the fault (unit cases per fault, then through the real CLI: non-zero exit, no traceback, nothing trained)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import compose_cfg
+from neocfg.plan_check import PlanError, load_plan_file
+from neocfg.runtime.plans import rule_plan
+from neocfg.types import ShardingType as S
+
+COMMON = ["mode=train", "train.batch_size=64", "train.steps=4", "train.eval_batches=1"]
+# dlrm_tiny (8 tables of 16 columns) on 2 ranks: t0 TW, t1 RW, t2 DP, t3 CW (2 slices of 8), t4 RW, t5 TW,
+# t6 TWRW, t7 DP.
+MIXED = [S.table_wise, S.row_wise, S.data_parallel, S.column_wise, S.row_wise, S.table_wise, S.table_row_wise,
+         S.data_parallel]
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return compose_cfg(COMMON)
+
+
+def _plan_dict(cfg) -> dict:
+    sharding = {t.name: s for t, s in zip(cfg.model.tables, MIXED)}
+    return rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=64, sharding=sharding,
+                     step_ms=10.0).to_dict()
+
+
+def _table(d: dict, name: str) -> dict:
+    return next(t for t in d["tables"] if t["name"] == name)
+
+
+def _write(tmp_path: Path, d: dict) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    return path
+
+
+def _overlap(d):
+    _table(d, "t1")["shards"][1]["row_offset"] -= 10  # rows 2490..2499 owned twice, last 10 rows by no one
+
+
+def _gap(d):
+    _table(d, "t4")["shards"][1]["num_rows"] -= 7
+
+
+def _half_columns(d):
+    t = _table(d, "t3")
+    t["shards"] = t["shards"][:1]  # one slice of 8 columns of 16
+
+
+def _rank_outside(d):
+    _table(d, "t0")["shards"][0]["rank"] = 2
+
+
+def _string_rows(d):
+    _table(d, "t5")["shards"][0]["num_rows"] = "2000"
+
+
+def _dims(d):
+    t = _table(d, "t7")
+    t["embedding_dim"] = 32
+    for s in t["shards"]:
+        s["num_cols"] = 32
+
+
+def _dp_missing_replica(d):
+    _table(d, "t2")["shards"].pop()
+
+
+def _table_missing(d):
+    d["tables"] = [t for t in d["tables"] if t["name"] != "t6"]
+
+
+def _bad_enum(d):
+    _table(d, "t0")["sharding"] = "diagonal"
+
+
+CASES = {
+    "overlap": (_overlap, "table t1", "more than one shard"),
+    "gap": (_gap, "table t4", "in no shard"),
+    "half_columns": (_half_columns, "table t3", "columns 8..15 are in no shard"),
+    "rank_outside": (_rank_outside, "table t0", "rank 2, outside the world"),
+    "string_rows": (_string_rows, "table t5 shard 0", "num_rows='2000' must be an integer"),
+    "dims": (_dims, "table t7", "100x32 in the plan but 100x16 in model"),
+    "dp_missing_replica": (_dp_missing_replica, "table t2", "one replica on each of ranks 0..1"),
+    "table_missing": (_table_missing, "table t6", "not in the plan"),
+    "bad_enum": (_bad_enum, "table t0", "sharding='diagonal' is not one of"),
+}
+
+
+def test_valid_plan_passes(cfg, tmp_path):
+    plan = load_plan_file(_write(tmp_path, _plan_dict(cfg)), cfg.model, 2)
+    assert [t.name for t in plan.tables] == [t.name for t in cfg.model.tables]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fault_is_named(cfg, tmp_path, case):
+    break_it, where, fault = CASES[case]
+    d = _plan_dict(cfg)
+    break_it(d)
+    path = _write(tmp_path, d)
+    with pytest.raises(PlanError) as exc:
+        load_plan_file(path, cfg.model, 2)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: {where}") and fault in msg, msg
+    assert "\n" not in msg
+
+
+def test_world_mismatch(cfg, tmp_path):
+    with pytest.raises(PlanError, match="world size 2, the hardware has 4"):
+        load_plan_file(_write(tmp_path, _plan_dict(cfg)), cfg.model, 4)
+
+
+@pytest.mark.parametrize("case", ["overlap", "string_rows"])
+def test_cli_refuses_bad_plan(cli, cfg, tmp_path, case):
+    d = _plan_dict(cfg)
+    CASES[case][0](d)
+    path = _write(tmp_path, d)
+    r = cli(*COMMON, f"planner.plan_file={path}")
+    assert r.returncode != 0
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1 and str(path) in err[0] and CASES[case][1] in err[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not list((tmp_path / "outputs").rglob("metrics.json")) and not list((tmp_path / "outputs").rglob("*.pt"))
