@@ -20,6 +20,8 @@ from neocfg.fileio import read_json, write_text_atomic
 from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
 
 PLAN_FORMAT_VERSION = 1
+# SolverReport.algorithm of a plan rated as given (planner.plan_file in mode=plan, a converted TorchRec plan).
+GIVEN_PLAN_ALGORITHM = "given"
 
 
 @dataclass(frozen=True)

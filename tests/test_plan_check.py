@@ -129,3 +129,61 @@ def test_cli_refuses_bad_plan(cli, cfg, tmp_path, case):
     assert len(err) == 1 and str(path) in err[0] and CASES[case][1] in err[0], r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not list((tmp_path / "outputs").rglob("metrics.json")) and not list((tmp_path / "outputs").rglob("*.pt"))
+
+
+# ---- mode=plan planner.plan_file=...: rate a given plan without solving (issue 12 item 7) ----------------------
+def _solved(overrides: list[str]):
+    from neocfg.planner import make_plan
+
+    cfg = compose_cfg(["mode=plan", *overrides])
+    return cfg, make_plan(cfg)
+
+
+@pytest.mark.parametrize("overrides", [[], ["hardware=zionex_2node"]], ids=["cpu_local", "zionex_2node"])
+def test_rating_a_solved_plan_reproduces_its_estimate(overrides):
+    from neocfg.planner.estimate import rate_plan
+
+    cfg, plan = _solved(overrides)
+    rated = rate_plan(cfg, plan, "solved")
+    assert rated.solver.algorithm == "given" and plan.solver.algorithm != "given"
+    assert rated.estimate.step_ms == pytest.approx(plan.estimate.step_ms, rel=1e-9)
+    for a, b in zip(rated.devices, plan.devices):
+        assert (a.rank, a.hbm_bytes, a.host_bytes, a.shard_counts) == (b.rank, b.hbm_bytes, b.host_bytes,
+                                                                        b.shard_counts)
+        assert a.total_ms == pytest.approx(b.total_ms, rel=1e-9)
+    assert rated.tables == plan.tables
+
+
+def test_rating_a_worse_plan(cfg):
+    """Everything on rank 0 (table-wise) is rated slower than the solver's plan, rank 0 the busiest."""
+    from neocfg.planner.estimate import rate_plan
+
+    pcfg, solved = _solved([])
+    lopsided = rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=256, sharding=S.table_wise,
+                         ranks={t.name: [0] for t in cfg.model.tables})
+    rated = rate_plan(pcfg, lopsided, "lopsided")
+    assert rated.estimate.step_ms > solved.estimate.step_ms
+    assert rated.devices[0].total_ms > rated.devices[1].total_ms
+    assert rated.devices[0].shard_counts == {"table_wise": 8} and rated.devices[1].shard_counts == {}
+
+
+def test_cli_plan_rates_the_file(cli, cfg, tmp_path):
+    path = _write(tmp_path, _plan_dict(cfg))
+    r = cli("mode=plan", f"planner.plan_file={path}")
+    assert r.returncode == 0, r.stderr
+    assert "solver given:" in r.stdout and "estimate: step" in r.stdout
+    out = json.loads(next((tmp_path / "outputs").rglob("plan.json")).read_text())
+    assert out["solver"]["algorithm"] == "given" and out["estimate"]["step_ms"] > 0
+    given = {t["name"]: t["shards"] for t in _plan_dict(cfg)["tables"]}
+    assert {t["name"]: t["shards"] for t in out["tables"]} == given
+    assert [t["sharding"] for t in out["tables"]] == [s.value for s in MIXED]
+
+
+def test_cli_plan_refuses_bad_file(cli, cfg, tmp_path):
+    d = _plan_dict(cfg)
+    _overlap(d)
+    path = _write(tmp_path, d)
+    r = cli("mode=plan", f"planner.plan_file={path}")
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode != 0 and len(err) == 1 and "table t1" in err[0] and "Traceback" not in r.stderr, r.stderr
+    assert not list((tmp_path / "outputs").rglob("plan.json"))

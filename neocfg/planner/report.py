@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neocfg.config.schema import NeocfgConfig
-from neocfg.plan import DeviceEstimate, Plan
+from neocfg.plan import GIVEN_PLAN_ALGORITHM, DeviceEstimate, Plan
 from neocfg.types import ShardingType
 
 GIB = 1024**3
@@ -78,8 +78,9 @@ def summary(cfg: NeocfgConfig, plan: Plan) -> str:
         + "; tiers: " + ", ".join(f"{k} {v}" for k, v in sorted(per_tier.items()))
         + "; weights: " + ", ".join(f"{k} {v}" for k, v in sorted(per_dtype.items())),
         f"estimate: step {e.step_ms:,.3f} ms (dense {e.dense_ms:,.3f} ms), {e.samples_per_s:,.0f} samples/s",
-        f"solver {s.algorithm}: {s.status}; objective {s.objective_ms:,.4f} ms, lower bound"
-        f" {s.lower_bound_ms:,.4f} ms, gap {100 * s.gap:.2f}%, {s.seconds:.2f} s",
+        (f"solver {s.algorithm}: {s.status}; rated in {s.seconds:.2f} s" if s.algorithm == GIVEN_PLAN_ALGORITHM else
+         f"solver {s.algorithm}: {s.status}; objective {s.objective_ms:,.4f} ms, lower bound"
+         f" {s.lower_bound_ms:,.4f} ms, gap {100 * s.gap:.2f}%, {s.seconds:.2f} s"),
     ]
     if plan.dpp is not None:
         d = plan.dpp
@@ -105,10 +106,12 @@ def save_png(cfg: NeocfgConfig, plan: Plan, path: Path) -> None:
     comm = [d.comm_ms for d in plan.devices]
     ax_t.bar(ranks, comp, label="compute", color="#4c72b0")
     ax_t.bar(ranks, comm, bottom=comp, label="communication", color="#dd8452")
-    ax_t.axhline(plan.solver.lower_bound_ms, color="k", ls="--", lw=1, label="lower bound")
+    if plan.solver.algorithm != GIVEN_PLAN_ALGORITHM:
+        ax_t.axhline(plan.solver.lower_bound_ms, color="k", ls="--", lw=1, label="lower bound")
     ax_t.set_ylabel("ms per step")
-    ax_t.set_title(f"{plan.model_name} on {cfg.hardware.name}: step {plan.estimate.step_ms:.3f} ms,"
-                   f" gap {100 * plan.solver.gap:.2f}% ({plan.solver.algorithm})")
+    gap = "" if plan.solver.algorithm == GIVEN_PLAN_ALGORITHM else f" gap {100 * plan.solver.gap:.2f}%"
+    ax_t.set_title(f"{plan.model_name} on {cfg.hardware.name}: step {plan.estimate.step_ms:.3f} ms,{gap}"
+                   f" ({plan.solver.algorithm})")
     ax_t.legend(loc="upper right", fontsize=8)
     width = 0.4
     ax_m.bar([r - width / 2 for r in ranks], [100 * d.hbm_bytes / caps.hbm for d in plan.devices], width,

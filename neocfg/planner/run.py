@@ -1,4 +1,5 @@
-"""mode=plan: the dry run. Plans, prints the summary, writes plan.json and plan.png into the run directory.
+"""mode=plan: the dry run. Plans (or, with planner.plan_file, validates and rates that plan without solving), prints
+the summary, writes plan.json and plan.png into the run directory.
 
 Nothing is written unless planning succeeded; plan.json is written atomically."""
 
@@ -13,7 +14,12 @@ from neocfg.planner.report import save_png, summary
 
 
 def run(cfg: NeocfgConfig, run_dir: Path | None) -> Plan:
-    plan = make_plan(cfg)
+    if cfg.planner.plan_file:
+        from neocfg.planner.estimate import rate_plan_file
+
+        plan = rate_plan_file(cfg, cfg.planner.plan_file)
+    else:
+        plan = make_plan(cfg)
     text = summary(cfg, plan)
     print(text)
     if run_dir is not None:
