@@ -31,14 +31,14 @@ class BatchArrays:
         return np.concatenate([[0], np.cumsum(self.lengths.sum(axis=1))])
 
     def slice(self, start: int, stop: int) -> "BatchArrays":
-        """Rows [start, stop)."""
+        """Rows [start, stop): one gather over every table's id range, no loop over tables."""
+        if start == 0 and stop == self.rows:
+            return self
         bounds = self._table_bounds()
-        parts = []
-        for t in range(self.lengths.shape[0]):
-            offs = np.concatenate([[0], np.cumsum(self.lengths[t])])
-            parts.append(self.values[bounds[t] + offs[start]:bounds[t] + offs[stop]])
-        values = np.concatenate(parts) if parts else self.values[:0]
-        return BatchArrays(dense=self.dense[start:stop], lengths=self.lengths[:, start:stop], values=values,
+        before = self.lengths[:, :start].sum(axis=1)
+        counts = self.lengths[:, start:stop].sum(axis=1)
+        return BatchArrays(dense=self.dense[start:stop], lengths=self.lengths[:, start:stop],
+                           values=self.values[gather_index(bounds[:-1] + before, counts)],
                            labels=self.labels[start:stop], sample_ids=self.sample_ids[start:stop])
 
     def split_batches(self, batch_size: int) -> list["BatchArrays"]:
@@ -47,13 +47,26 @@ class BatchArrays:
 
     @staticmethod
     def concat(parts: list["BatchArrays"]) -> "BatchArrays":
+        """The rows of all parts in order: values re-interleaved table-major by one gather."""
         if len(parts) == 1:
             return parts[0]
-        num_tables = parts[0].lengths.shape[0]
-        per_part = [p._table_bounds() for p in parts]
-        values = [p.values[b[t]:b[t + 1]] for t in range(num_tables) for p, b in zip(parts, per_part)]
+        counts = np.stack([p.lengths.sum(axis=1) for p in parts], axis=1)                     # [T, P]
+        part_base = np.concatenate([[0], np.cumsum([p.values.shape[0] for p in parts])[:-1]])
+        starts = np.stack([p._table_bounds()[:-1] for p in parts], axis=1) + part_base          # [T, P]
+        values = np.concatenate([p.values for p in parts])
         return BatchArrays(dense=np.concatenate([p.dense for p in parts]),
                            lengths=np.concatenate([p.lengths for p in parts], axis=1),
-                           values=np.concatenate(values) if values else parts[0].values[:0],
+                           values=values[gather_index(starts.reshape(-1), counts.reshape(-1))],
                            labels=np.concatenate([p.labels for p in parts]),
                            sample_ids=np.concatenate([p.sample_ids for p in parts]))
+
+
+def gather_index(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Indices of the ranges [starts[i], starts[i] + counts[i]) concatenated in order (vectorized)."""
+    counts = np.asarray(counts, np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    ends = np.cumsum(counts)
+    shift = np.asarray(starts, np.int64) - (ends - counts)   # per range: source index - output index
+    return np.arange(total, dtype=np.int64) + np.repeat(shift, counts)

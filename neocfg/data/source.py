@@ -7,6 +7,7 @@ checkpoint and resume from it, and counts the time the trainer waited on it (the
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from neocfg.batch import Batch
@@ -64,6 +65,62 @@ class SyntheticSource:
         pass
 
 
+class Prefetcher:
+    """Prepares the next batch of `inner` in a background thread while the caller's step runs.
+
+    At most one batch is in flight. state_dict() is the inner source's state right after the last batch handed
+    out was produced (so a resume neither skips nor repeats the prefetched batch); stats() counts as data wait only
+    the time next_batch() blocked on the thread.
+    """
+
+    def __init__(self, inner: BatchSource) -> None:
+        self.inner = inner
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neocfg-prefetch")
+        self.pending: Optional[Future] = None
+        self.delivered_state = inner.state_dict()
+        self.wait_s = 0.0
+        self.delivered = 0
+
+    def _produce(self) -> tuple[Batch, dict[str, Any]]:
+        batch = self.inner.next_batch()
+        return batch, self.inner.state_dict()
+
+    def next_batch(self) -> Batch:
+        t0 = time.perf_counter()
+        future = self.pending or self.pool.submit(self._produce)
+        batch, self.delivered_state = future.result()
+        self.wait_s += time.perf_counter() - t0
+        self.delivered += batch.batch_size
+        self.pending = self.pool.submit(self._produce)
+        return batch
+
+    def _drain(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.delivered_state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._drain()
+        self.inner.load_state_dict(state)
+        self.delivered_state = self.inner.state_dict()
+
+    def stats(self) -> dict[str, Any]:
+        out = dict(self.inner.stats())
+        # The inner source's clock counts production, which overlaps the steps; the wait is ours.
+        out["data_produce_seconds"] = out.get("data_wait_seconds", 0.0)
+        out["data_wait_seconds"] = self.wait_s
+        out["samples_delivered"] = self.delivered
+        return out
+
+    def close(self) -> None:
+        self._drain()
+        self.pool.shutdown(wait=True)
+        self.inner.close()
+
+
 # Held-out samples start here, far past any training range, so evaluation never sees a training sample.
 EVAL_FIRST_SAMPLE = 1 << 40
 
@@ -81,4 +138,4 @@ def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = F
         return make_dpp_source(cfg, rank, world_size, eval=eval, plan=plan)
     data = SyntheticData.for_model(cfg.model, cfg.dsi.seed)
     first = EVAL_FIRST_SAMPLE if eval else 0
-    return SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first)
+    return Prefetcher(SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first))
