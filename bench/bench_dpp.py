@@ -30,7 +30,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from neocfg.config.schema import NeocfgConfig, load, register  # noqa: E402
 from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits  # noqa: E402
-from neocfg.data.dpp.backend import ServiceLimits, ServiceSetup  # noqa: E402
+from neocfg.data.dpp.master import ServiceLimits, ServiceSetup  # noqa: E402
 from neocfg.data.dpp.client import EndOfData  # noqa: E402
 from neocfg.data.dpp.progress import Task  # noqa: E402
 from neocfg.data.dpp.service import DppService  # noqa: E402

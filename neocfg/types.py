@@ -116,10 +116,12 @@ class FilterCmp(Enum):
 
 
 class DppBackendKind(Enum):
-    """Where DPP workers run: local processes (default) or inline in the trainer process (no parallelism)."""
+    """Where DPP workers run: local processes per trainer rank (default), inline in the trainer process (no
+    parallelism), or Ray actors under one job-wide master actor (workers on any host of a Ray cluster)."""
 
     local = "local"
     inline = "inline"
+    ray = "ray"
 
 
 class SweepMetric(Enum):

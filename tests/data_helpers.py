@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits
-from neocfg.data.dpp.backend import ServiceLimits, ServiceSetup
+from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
 from neocfg.data.dpp.client import DppClient, EndOfData
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.data.parquet_gen import write_dataset

@@ -20,6 +20,8 @@ class WorkerShape:
     cores: int = MISSING
     nic_gbs: float = MISSING
     memory_bandwidth_gbs: float = MISSING
+    # Memory of one node, GiB (a Ray worker actor of this shape asks for it).
+    memory_gib: float = 64.0
     # Relative cost of one node of this shape (the DPP sizing minimizes the sum).
     cost: float = 1.0
 
@@ -28,13 +30,31 @@ class WorkerShape:
         checks.positive(f"{key}.cores", self.cores)
         checks.positive(f"{key}.nic_gbs", self.nic_gbs)
         checks.positive(f"{key}.memory_bandwidth_gbs", self.memory_bandwidth_gbs)
+        checks.positive(f"{key}.memory_gib", self.memory_gib)
         checks.positive(f"{key}.cost", self.cost)
 
 
 def _default_worker_shapes() -> List[WorkerShape]:
     # A typical DPP worker: a 2-socket CPU host with a 25 Gb/s NIC (DSI paper, section 6: DPP workers are
     # general-purpose compute hosts, front-end NIC bandwidth bounds their output).
-    return [WorkerShape(name="cpu_host_64c", cores=64, nic_gbs=3.125, memory_bandwidth_gbs=200.0, cost=1.0)]
+    return [WorkerShape(name="cpu_host_64c", cores=64, nic_gbs=3.125, memory_bandwidth_gbs=200.0, memory_gib=256.0,
+                        cost=1.0)]
+
+
+@dataclass
+class RayConfig:
+    """Where the Ray backend (dsi.backend=ray) runs: null starts a local Ray for the run; "auto" or
+    "ray://host:10001" joins a running cluster (`ray start --head` first)."""
+
+    address: Optional[str] = None
+    # The job's master actor is named in this namespace; every trainer rank's client finds it there.
+    namespace: str = "neocfg"
+    # Object store of a local Ray started for the run, MB (batches travel through it).
+    object_store_mb: int = 512
+
+    def check(self, key: str) -> None:
+        checks.non_empty(f"{key}.namespace", self.namespace)
+        checks.positive(f"{key}.object_store_mb", self.object_store_mb)
 
 
 @dataclass
@@ -101,8 +121,11 @@ class DsiConfig:
     prefetch_splits: int = 4
     split_timeout_s: float = 60.0
     stall_timeout_s: float = 120.0
-    # Online scaling: add a worker (up to max_workers) while clients stall, retire one when all are idle.
+    # Online scaling: add a worker while clients stall, retire one when all are idle, between the planned count
+    # divided and multiplied by autoscale_factor (and at most max_workers).
     autoscale: bool = False
+    autoscale_factor: float = 4.0
+    ray: RayConfig = field(default_factory=RayConfig)
     # DPP workers: "auto" takes the planner's DPP sizing, an integer fixes the count.
     workers: Any = "auto"
     max_workers: int = 16
@@ -139,6 +162,10 @@ class DsiConfig:
                                            and self.workers > 0)):
             raise ConfigError(f"{key}.workers", self.workers, "must be 'auto' or a positive integer")
         checks.positive(f"{key}.max_workers", self.max_workers)
+        checks.in_range(f"{key}.autoscale_factor", self.autoscale_factor, 1.0, 100.0)
+        self.ray.check(f"{key}.ray")
+        if self.backend is DppBackendKind.ray:  # TEMP until the Ray backend lands
+            raise ConfigError(f"{key}.backend", "ray", "is not available yet; use local or inline")
         checks.positive(f"{key}.preprocess_cpu_us_per_sample", self.preprocess_cpu_us_per_sample)
         checks.positive(f"{key}.bytes_read_per_sample", self.bytes_read_per_sample)
         checks.positive(f"{key}.tensor_bytes_per_sample", self.tensor_bytes_per_sample)

@@ -1,48 +1,58 @@
-"""The BatchSource for `dsi.source=parquet`: one DPP service per trainer rank over that rank's share of the splits.
+"""The BatchSource for `dsi.source=parquet`: DPP services feeding this trainer rank.
 
-Training reads the `part-*.parquet` files; rank r of W takes every W-th split (so ranks never share a sample) and
-rolls over epochs forever. Held-out evaluation (`eval=True`) reads only `eval-00000.parquet`, which mode=gen_data fills
-with samples from EVAL_FIRST_SAMPLE on, never seen in training; eval batches are preprocessed by the same transforms
-but in the trainer's process (the inline backend: eval is short and needs no worker processes).
+Training reads the `part-*.parquet` files. With `dsi.backend=local` (and `inline`) each rank runs its own service
+over its share of the splits (every world-th split, so ranks never share a sample); with `dsi.backend=ray` one
+job-wide master actor hands every split of the dataset to whichever rank's client asks next (each sample still goes to
+exactly one rank per epoch). Epochs roll over forever. Held-out evaluation (`eval=True`) reads only
+`eval-00000.parquet`, which mode=gen_data fills with samples from EVAL_FIRST_SAMPLE on, never seen in training; eval
+batches are preprocessed by the same transforms in the trainer's process (the inline backend: eval is short).
 
-The service starts when the source is made, so workers prefetch while the trainer builds its model;
-`load_state_dict` restarts it from the given position (before any batch was taken that costs one worker start).
+A local service starts when the source is made, so workers prefetch while the trainer builds its model;
+`load_state_dict` restarts it from the given position. A Ray service starts at the first batch (after any
+`load_state_dict`), because its master is shared by every rank and starts from the job's position.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+import math
+from typing import Any, Callable, Optional
 
 import torch
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits, rank_splits, resolve_path
-from neocfg.data.dpp.backend import ServiceLimits, ServiceSetup
+from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
 from neocfg.data.dpp.progress import Position
-from neocfg.data.dpp.service import DppService
-from neocfg.data.dpp.sizing import WorkerCount, WorkerCountSource, worker_count
+from neocfg.data.dpp.service import DppService, make_backend
+from neocfg.data.dpp.sizing import PlannedDpp, WorkerCount, WorkerCountSource, worker_count
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.data.transforms import bind
 from neocfg.errors import DataError
-from neocfg.plan import Plan
 from neocfg.types import DppBackendKind
 
 # Key of the DPP position inside state_dict().
 STATE_KEY = "dpp_position"
 
+# Rank 0's value, given to every rank (the runtime's broadcast; identity in a single process).
+Share = Callable[[Any], Any]
+
 
 class DppSource:
     """A BatchSource backed by a DPP service with one client (this rank)."""
 
-    def __init__(self, setup: ServiceSetup, kind: DppBackendKind, workers: WorkerCount) -> None:
-        self.setup, self.kind, self.workers = setup, kind, workers
+    def __init__(self, setup: ServiceSetup, kind: DppBackendKind, workers: WorkerCount, *, client: int = 0,
+                 ray_options: Optional[dict[str, Any]] = None) -> None:
+        self.setup, self.kind, self.workers, self.client_index = setup, kind, workers, client
+        self.ray_options = ray_options or {}
         self.service: Optional[DppService] = None
-        self._start()
+        if kind is not DppBackendKind.ray:
+            self._start()
 
     def _start(self) -> None:
-        self.service = DppService(self.setup, self.kind).start()
+        backend = make_backend(self.kind, self.setup, **self.ray_options)
+        self.service = DppService(self.setup, self.kind, clients=[self.client_index], backend=backend).start()
 
     def _client(self):
         if self.service is None:
@@ -56,7 +66,7 @@ class DppSource:
                      sample_ids=torch.from_numpy(a.sample_ids))
 
     def position(self) -> Position:
-        return self.service.clients[0].position() if self.service is not None else self.setup.start
+        return self.service.position() if self.service is not None else self.setup.start
 
     def state_dict(self) -> dict[str, Any]:
         return {STATE_KEY: self.position().to_state()}
@@ -69,18 +79,28 @@ class DppSource:
 
     def stats(self) -> dict[str, Any]:
         """Flat keys, per rank. data_wait_seconds: all time spent in next_batch; data_first_batch_seconds: the first
-        call's part of it (worker start-up); data_stall_fraction: the rest over the wall time since the first batch."""
+        call's part of it (worker start-up); data_stall_fraction: the rest over the wall time since the first batch.
+        The service's counters (dpp.*) come from the rank that owns the service: every rank locally, rank 0 for a
+        job-wide Ray service."""
+        out: dict[str, Any] = {"data_wait_seconds": 0.0, "data_first_batch_seconds": 0.0,
+                               "data_stall_fraction": 0.0, "samples_delivered": 0, "duplicate_samples": 0,
+                               "skipped_splits": 0, "dpp.workers": 0, "dpp.worker_restarts": 0, "dpp.bytes_read": 0,
+                               "dpp.workers_added": 0, "dpp.workers_retired": 0,
+                               "dpp.workers_source": self.workers.source.value, "dpp.backend": self.kind.value}
         if self.service is None:
-            return {"data_wait_seconds": 0.0, "data_first_batch_seconds": 0.0, "data_stall_fraction": 0.0,
-                    "samples_delivered": 0, "duplicate_samples": 0, "skipped_splits": 0, "dpp.workers": 0,
-                    "dpp.worker_restarts": 0, "dpp.bytes_read": 0, "dpp.workers_source": self.workers.source.value}
-        c, s = self.service.clients[0], self.service.stats()
-        return {"data_wait_seconds": c.wait_s, "data_first_batch_seconds": c.first_wait_s or 0.0,
-                "data_stall_fraction": c.stall_fraction,
-                "samples_delivered": c.delivered, "duplicate_samples": c.tracker.duplicates,
-                "skipped_splits": s.splits_skipped, "dpp.workers": s.workers, "dpp.worker_restarts": s.worker_restarts,
-                "dpp.workers_added": s.workers_added, "dpp.workers_retired": s.workers_retired,
-                "dpp.bytes_read": s.bytes_read, "dpp.workers_source": self.workers.source.value}
+            return out
+        c = self.service.clients[0]
+        out.update({"data_wait_seconds": c.wait_s, "data_first_batch_seconds": c.first_wait_s or 0.0,
+                    "data_stall_fraction": c.stall_fraction, "samples_delivered": c.delivered,
+                    "duplicate_samples": c.tracker.duplicates})
+        if self.kind is DppBackendKind.ray and self.client_index != 0:
+            return out
+        s = self.service.stats()
+        out.update({"duplicate_samples": c.tracker.duplicates + s.duplicate_rows,
+                    "skipped_splits": s.splits_skipped, "dpp.workers": s.workers,
+                    "dpp.worker_restarts": s.worker_restarts, "dpp.workers_added": s.workers_added,
+                    "dpp.workers_retired": s.workers_retired, "dpp.bytes_read": s.bytes_read})
+        return out
 
     def close(self) -> None:
         if self.service is not None:
@@ -88,23 +108,60 @@ class DppSource:
             self.service = None
 
 
+def _say(rank: int, line: str) -> None:
+    if line and rank == 0:
+        print(line, flush=True)
+
+
 def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = False,
-                    plan: Optional[Plan] = None) -> DppSource:
+                    sizing: Optional[PlannedDpp] = None, share: Optional[Share] = None) -> DppSource:
+    """`sizing`: the planner's DPP sizing (dsi.workers=auto), handed over by the runtime; `share`: rank 0's value
+    to every rank (the Ray backend's cluster address)."""
     d = cfg.dsi
     directory = resolve_path(d.path)
     manifest = Manifest.load(directory)
-    splits = rank_splits(dataset_splits(directory, manifest, eval=eval), rank, world_size)
-    if not splits:
+    every = dataset_splits(directory, manifest, eval=eval)
+    if not every:
         raise DataError(f"{directory}: the dataset has no {'eval' if eval else 'training'} files")
+    kind = DppBackendKind.inline if eval else d.backend
+    job_wide = kind is DppBackendKind.ray
+    splits = every if job_wide else rank_splits(every, rank, world_size)
+    _warn_small_dataset(cfg, rank, world_size, sum(s.rows for s in every), eval)
     columns = FeatureColumns.for_model(cfg.model)
     spec = WorkerSpec(columns=columns, transforms=tuple(bind(d.transforms, columns)), batch_size=cfg.train.batch_size)
     if eval:
-        workers, kind = WorkerCount(total=world_size, per_service=1, source=WorkerCountSource.fixed), \
-            DppBackendKind.inline
+        workers = WorkerCount(total=world_size, per_service=1, source=WorkerCountSource.fixed)
     else:
-        workers, kind = worker_count(cfg, world_size, plan), d.backend
+        workers = worker_count(d, world_size, sizing, kind)
+        _say(rank, workers.warning)
+        _say(rank, workers.note if workers.source is not WorkerCountSource.fixed else "")
+    per = workers.per_service
     limits = ServiceLimits(prefetch_splits=d.prefetch_splits, split_timeout_s=d.split_timeout_s,
-                           stall_timeout_s=d.stall_timeout_s, max_workers=d.max_workers, autoscale=d.autoscale)
-    setup = ServiceSetup(splits=tuple(splits), spec=spec, workers=workers.per_service, seed=d.seed + rank,
-                         on_bad_split=d.on_bad_split, limits=limits)
-    return DppSource(setup, kind, workers)
+                           stall_timeout_s=d.stall_timeout_s, autoscale=d.autoscale,
+                           max_workers=min(d.max_workers, math.ceil(per * d.autoscale_factor)) if d.autoscale
+                           else d.max_workers,
+                           min_workers=max(1, math.floor(per / d.autoscale_factor)))
+    scope = "the job's" if job_wide else ("this rank's" if world_size > 1 else "the dataset's")
+    setup = ServiceSetup(splits=tuple(splits), spec=spec, workers=per, seed=d.seed + (0 if job_wide else rank),
+                         num_clients=world_size if job_wide else 1, on_bad_split=d.on_bad_split, limits=limits,
+                         scope=scope)
+    if not job_wide:
+        return DppSource(setup, kind, workers)
+    from neocfg.data.dpp.ray_backend import connect
+
+    options = connect(d, rank, share or (lambda x: x), sizing)
+    return DppSource(setup, kind, workers, client=rank, ray_options=options)
+
+
+def _warn_small_dataset(cfg: NeocfgConfig, rank: int, world_size: int, rows: int, eval: bool) -> None:
+    """A step (or the evaluation) that needs more samples than the files hold repeats samples: say so."""
+    b = cfg.train.batch_size
+    if eval:
+        need = cfg.train.eval_batches * b * world_size
+        if need > rows:
+            _say(rank, f"warning: held-out evaluation reads {need:,} samples (train.eval_batches="
+                       f"{cfg.train.eval_batches} x train.batch_size={b} x {world_size} ranks) but the eval file has "
+                       f"{rows:,}: samples are evaluated more than once")
+    elif b * world_size > rows:
+        _say(rank, f"warning: train.batch_size={b} x {world_size} ranks = {b * world_size:,} samples per step is "
+                   f"more than the dataset's {rows:,} training samples ({cfg.dsi.path}): every step repeats samples")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
@@ -16,7 +16,7 @@ from neocfg.data.synthetic import SyntheticData
 from neocfg.types import DataSource
 
 if TYPE_CHECKING:
-    from neocfg.plan import Plan
+    from neocfg.data.dpp.sizing import PlannedDpp
 
 
 class BatchSource(Protocol):
@@ -126,16 +126,17 @@ EVAL_FIRST_SAMPLE = 1 << 40
 
 
 def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = False,
-                plan: Optional["Plan"] = None) -> BatchSource:
+                sizing: Optional["PlannedDpp"] = None, share: Optional[Callable[[Any], Any]] = None) -> BatchSource:
     """The batch source for one trainer rank, chosen by cfg.dsi.source.
 
-    dsi.source=parquet: a DPP service over the rank's share of the Parquet splits (neocfg/data/dpp_source.py);
-    `plan` (optional) supplies the DPP sizing for dsi.workers=auto without planning again.
+    dsi.source=parquet: DPP services (neocfg/data/dpp_source.py); `sizing` is the planner's DPP sizing for
+    dsi.workers=auto, handed over by the runtime (PlannedDpp.from_plan); `share` gives rank 0's value to every rank
+    (a broadcast; the Ray backend shares its cluster address with it).
     """
     if cfg.dsi.source is DataSource.parquet:
         from neocfg.data.dpp_source import make_dpp_source
 
-        return make_dpp_source(cfg, rank, world_size, eval=eval, plan=plan)
+        return make_dpp_source(cfg, rank, world_size, eval=eval, sizing=sizing, share=share)
     data = SyntheticData.for_model(cfg.model, cfg.dsi.seed)
     first = EVAL_FIRST_SAMPLE if eval else 0
     return Prefetcher(SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import pyarrow as pa
@@ -69,6 +70,14 @@ class BoundTransform:
     config: TransformConfig
     columns: tuple[str, ...]
     table_rows: tuple[int, ...]  # per column, for hash (0 for scalar columns)
+    index: int = 0               # position in dsi.transforms (named in messages)
+
+    @property
+    def describe(self) -> str:
+        t = self.config
+        operand = "" if t.cmp is FilterCmp.not_null or t.value is None else f" {t.value:g}"
+        return f"{t.op.value} {t.column} {t.cmp.value}{operand}" if t.op is TransformOp.filter else \
+            f"{t.op.value} {t.column}"
 
 
 def bind(transforms: list[TransformConfig], columns: FeatureColumns, key: str = "dsi.transforms"
@@ -83,7 +92,8 @@ def bind(transforms: list[TransformConfig], columns: FeatureColumns, key: str = 
         if wrong:
             kind = "a dense/label column" if t.op in _SCALAR_OPS else "a sparse id-list column"
             raise ConfigError(f"{key}.{i}.column", t.column, f"op {t.op.value} needs {kind}, but it matches {wrong[0]}")
-        bound.append(BoundTransform(config=t, columns=tuple(names), table_rows=tuple(rows_of.get(c, 0) for c in names)))
+        bound.append(BoundTransform(config=t, columns=tuple(names), table_rows=tuple(rows_of.get(c, 0) for c in names),
+                                    index=i))
     return bound
 
 
@@ -162,13 +172,18 @@ def _list_step(lst: IdLists, t: TransformConfig, table_rows: int) -> None:
     # fill_missing: a missing list was read as an empty one already.
 
 
-def apply(rows: SplitRows, transforms: list[BoundTransform]) -> SplitRows:
-    """Run the bound transforms in declared order, in place; returns rows for chaining."""
+def apply(rows: SplitRows, transforms: list[BoundTransform],
+          dropped: Optional[dict[int, int]] = None) -> SplitRows:
+    """Run the bound transforms in declared order, in place; returns rows for chaining. `dropped` (optional)
+    collects the rows each filter removed, by transform index."""
     for bt in transforms:
         t = bt.config
         for name, table_rows in zip(bt.columns, bt.table_rows):
             if t.op is TransformOp.filter:
+                before = rows.rows
                 rows.select(_filter_mask(rows.scalars[name], t))
+                if dropped is not None:
+                    dropped[bt.index] = dropped.get(bt.index, 0) + before - rows.rows
             elif name in rows.lists:
                 _list_step(rows.lists[name], t, table_rows)
             else:

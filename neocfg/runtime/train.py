@@ -22,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
+from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.source import make_source
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan
@@ -83,12 +84,19 @@ class Trainer:
         self.dense = build_dense(cfg.model, tc.seed, device)
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None)
         self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
-        self.source = make_source(cfg, self.rank, self.world, plan=plan)
+        self.source = make_source(cfg, self.rank, self.world, sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi),
+                                  share=self._share)
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
         self.ckpt = (Checkpointer(ckpt_root, self.rank, self.world, group, _fault_step(self.rank, "save"))
                      if ckpt_root else None)
+
+    def _share(self, value: Any) -> Any:
+        """Rank 0's value on every rank (collective)."""
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.comm.group)
+        return box[0]
 
     # ------------------------------------------------------------ checkpoint state
 
@@ -144,7 +152,7 @@ class Trainer:
     @torch.no_grad()
     def predict(self, batches: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out logits and labels of every rank (gathered on all ranks)."""
-        source = make_source(self.cfg, self.rank, self.world, eval=True, plan=self.plan)
+        source = make_source(self.cfg, self.rank, self.world, eval=True)
         self.ddp.eval()
         logits, labels = [], []
         for _ in range(batches):

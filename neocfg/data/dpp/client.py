@@ -4,6 +4,11 @@ Full batches made by the workers go out as they are; the shorter tail of each sp
 once the pool holds a batch's worth (so a batch may mix splits and epochs, each sample still exactly once). Every
 row range handed out is recorded, so the client can report a Position that a restarted service resumes from.
 
+The client tracks progress per split it holds (neocfg/data/dpp/progress.py Tracker) and reports each split it
+delivered whole to the master with its next pull; a checkpoint adds the row ranges it still owes. The stall clock
+counts samples, not splits: a client that receives only empty splits (a filter that keeps nothing) for
+stall_timeout_s raises, as does one that receives nothing.
+
 A client started from a Position first collects the owed row ranges (the master queues their splits first) and lays
 them out as the interrupted client held them, then goes on; with one worker the service hands out splits in queue
 order, so the resumed run gets exactly the batches the uninterrupted one would have.
@@ -16,9 +21,13 @@ from collections import deque
 from dataclasses import dataclass
 
 from neocfg.data.arrays import BatchArrays
-from neocfg.data.dpp.backend import DppBackend
-from neocfg.data.dpp.progress import Position, RowRange, Tracker
+from neocfg.data.dpp.backend import ClientReport, DppBackend
+from neocfg.data.dpp.progress import RowRange, Tracker
 from neocfg.data.dpp.worker import Piece, SplitResult
+from neocfg.errors import DataError
+
+# Skipped bad splits (dsi.on_bad_split=skip) are said on the console as they happen, up to this many per client.
+SKIPPED_SHOWN = 5
 
 
 class EndOfData(Exception):
@@ -33,9 +42,11 @@ class _Held:
 
 
 class DppClient:
-    def __init__(self, backend: DppBackend, index: int, batch_size: int, tracker: Tracker, timeout_s: float) -> None:
+    def __init__(self, backend: DppBackend, index: int, batch_size: int, timeout_s: float,
+                 tracker: Tracker | None = None) -> None:
         self.backend, self.index, self.batch_size = backend, index, batch_size
-        self.tracker, self.timeout_s = tracker, timeout_s
+        self.tracker, self.timeout_s = tracker or Tracker(), timeout_s
+        self.batches = 0
         # Owed ranges to lay out first (resume), the pieces collected for them, results that came in meanwhile.
         self.restore: list[RowRange] = []
         self._restored: dict[tuple[int, int, int], Piece] = {}
@@ -47,6 +58,8 @@ class DppClient:
         self.wait_s = 0.0
         self.delivered = 0
         self.skipped = 0
+        self.empty_splits = 0
+        self._last_rows_at = time.monotonic()
         # The first batch waits for the workers to start; the steady-state stall is measured after it.
         self.first_wait_s: float | None = None
         self.first_return: float | None = None
@@ -78,14 +91,36 @@ class DppClient:
                 return self._emit(self._take_tails())
             if self.ended:
                 raise EndOfData
-            result = self.backend.pull(self.index, self.timeout_s)
+            result = self._pull()
             if result is None:
                 self.ended = True
                 continue
             self._accept(result)
 
+    def _pull(self) -> SplitResult | None:
+        """The next split; raises once no *sample* came for timeout_s (empty splits do not count as progress)."""
+        left = self.timeout_s - (time.monotonic() - self._last_rows_at)
+        if left <= 0:
+            raise DataError(f"DPP: no sample for {self.timeout_s:.0f} s (dsi.stall_timeout_s); {self.empty_splits} "
+                            f"splits came back empty after the transforms (dsi.transforms filters)")
+        result = self.backend.pull(self.index, left, self.tracker.take_finished())
+        if result is not None:
+            if result.delivered_rows:
+                self._last_rows_at = time.monotonic()
+            elif result.skipped is None:
+                self.empty_splits += 1
+            self._note_skipped(result)
+        return result
+
+    def _note_skipped(self, result: SplitResult) -> None:
+        if result.skipped is None:
+            return
+        self.skipped += 1
+        if self.skipped <= SKIPPED_SHOWN:
+            more = " (further skips are counted in metrics.json)" if self.skipped == SKIPPED_SHOWN else ""
+            print(f"warning: skipped a bad split (dsi.on_bad_split=skip): {result.skipped}{more}", flush=True)
+
     def _accept(self, result: SplitResult) -> None:
-        self.skipped += result.skipped is not None
         epoch, split = result.task.epoch, result.task.split.index
         self.tracker.received(epoch, split, result.delivered_rows)
         for p in result.pieces:
@@ -101,11 +136,10 @@ class DppClient:
     def _collect_restore(self) -> None:
         """Pull until every owed range is back, then hold the pieces in the recorded order."""
         wanted = {(e, s) for e, s, _, _ in self.restore}
-        result = self.backend.pull(self.index, self.timeout_s)
+        result = self._pull()
         if result is None:
             self.restore = []  # a finite service ended: nothing more is coming
         elif (result.task.epoch, result.task.split.index) in wanted and result.task.keep is not None:
-            self.skipped += result.skipped is not None
             epoch, split = result.task.epoch, result.task.split.index
             self.tracker.received(epoch, split, result.delivered_rows)
             for p in result.pieces:
@@ -140,15 +174,18 @@ class DppClient:
 
     def _emit(self, parts: list[_Held]) -> BatchArrays:
         for h in parts:
-            self.tracker.delivered(h.epoch, h.split, h.piece.arrays.sample_ids)
+            self.tracker.delivered(h.epoch, h.split, h.piece.start, h.piece.start + h.piece.arrays.rows)
         batch = BatchArrays.concat([h.piece.arrays for h in parts])
         self.delivered += batch.rows
+        self.batches += 1
         return batch
 
-    def position(self) -> Position:
+    def report(self) -> ClientReport:
+        """For a checkpoint: the splits finished since the last pull, and every range still owed, in hand-out
+        order (ranges still being collected after a resume are owed too)."""
         held = [(h.epoch, h.split, h.piece.start, h.piece.start + h.piece.arrays.rows)
                 for h in [*self.full, *self.tails]]
-        return self.tracker.position([*self.restore, *held])  # ranges still being collected are owed too
+        return self.tracker.take_finished(), [*self.restore, *held]
 
     @property
     def stall_fraction(self) -> float:

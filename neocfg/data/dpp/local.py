@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
-from neocfg.data.dpp.backend import DppStats, ServiceCore, ServiceSetup
-from neocfg.data.dpp.progress import Task
+from neocfg.data.dpp.backend import ClientReport, local_position, result_of
+from neocfg.data.dpp.master import DppStats, Master, Scale, ServiceSetup
+from neocfg.data.dpp.progress import Finished, Position, Task
 from neocfg.data.dpp.worker import Msg, SplitResult, worker_main
 from neocfg.errors import DataError
 
@@ -26,15 +27,6 @@ from neocfg.errors import DataError
 _CONTEXT = mp.get_context("spawn")
 # The master wakes at least this often (seconds) to check timeouts, scaling and shutdown.
 TICK_S = 0.1
-# A split whose worker died this many times is reported as a bad split (it is what kills them).
-MAX_SPLIT_ATTEMPTS = 3
-# Replacement workers allowed per configured worker before the service gives up (something kills every worker).
-MAX_RESTARTS_PER_WORKER = 8
-# Online scaling: decide once per period; add a worker when clients waited more than this fraction of it.
-AUTOSCALE_PERIOD_S = 1.0
-AUTOSCALE_STALL_FRACTION = 0.05
-# ... and retire one when they waited less than this fraction while the buffer was full.
-AUTOSCALE_IDLE_FRACTION = 0.001
 # How long to wait for workers to exit on close before killing them (seconds).
 CLOSE_GRACE_S = 2.0
 
@@ -66,20 +58,27 @@ def _exit_reason(w: _Worker) -> str:
     return "pipe closed" if code is None else f"exit code {code}"
 
 
-class LocalDppService(ServiceCore):
+class LocalDppService:
+    """Worker processes and the master thread; `self.cond` guards the Master and is what clients wait on."""
+
     def __init__(self, setup: ServiceSetup) -> None:
-        super().__init__(setup)
+        self.setup = setup
+        self.master: Master[SplitResult] = Master(setup)
+        self.cond = threading.Condition()
         self.workers: dict[int, _Worker] = {}
         self.deaths: list[WorkerDeath] = []
         self._next_wid = 0
-        self._attempts: dict[tuple[int, int], int] = {}
         self._stop = threading.Event()
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="dpp-master", daemon=True)
-        self._last_scale = time.monotonic()
-        self._scale_wait = 0.0
+
+    @property
+    def in_flight(self) -> dict[int, Task]:
+        """worker id -> the task it holds."""
+        with self.cond:
+            return {w: lease.task for w, lease in self.master.leases.items()}
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -134,27 +133,36 @@ class LocalDppService(ServiceCore):
         except OSError:
             pass
 
-    def pull(self, client: int, timeout_s: float) -> Optional[SplitResult]:
+    def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> Optional[SplitResult]:
         deadline = time.monotonic() + timeout_s
         with self.cond:
+            self.master.finish(finished)
             while True:
-                got = self.take_ready()
+                got = self.master.take()
                 if got is not None:
                     self._wake()  # room in the buffer: the master may hand out another split
-                    return got
-                if self.finished:
+                    return result_of(got)
+                if self.master.finished:
                     return None
                 if not self._thread.is_alive():
-                    raise DataError(self.fatal or "DPP master thread is not running")
+                    raise DataError(self.master.fatal or "DPP master thread is not running")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DataError(f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
-                                    f"{len(self.workers)} workers, {len(self.in_flight)} splits in flight")
+                                    f"{len(self.workers)} workers, {len(self.master.leases)} splits in flight")
                 self.cond.wait(min(left, TICK_S))
+
+    def report_wait(self, client: int, seconds: float) -> None:
+        with self.cond:
+            self.master.report_wait(client, seconds)
+
+    def position(self, step: int, reports: dict[int, ClientReport]) -> Position:
+        with self.cond:
+            return local_position(self.master, reports)
 
     def stats(self) -> DppStats:
         with self.cond:
-            s = DppStats(**vars(self.counters))
+            s = DppStats(**vars(self.master.counters))
             s.workers = sum(1 for w in self.workers.values() if not w.retiring)
             return s
 
@@ -165,7 +173,7 @@ class LocalDppService(ServiceCore):
                 self._step()
         except Exception as exc:  # noqa: BLE001 - reported to every client as one line
             with self.cond:
-                self.fatal = self.fatal or f"DPP master failed: {type(exc).__name__}: {exc}"
+                self.master.fatal = self.master.fatal or f"DPP master failed: {type(exc).__name__}: {exc}"
                 self.cond.notify_all()
 
     def _step(self) -> None:
@@ -199,11 +207,11 @@ class LocalDppService(ServiceCore):
             return
         w.task = None
         with self.cond:  # one step, so that no client sees the split neither in flight nor finished
-            self.in_flight.pop(w.wid, None)
             if kind is Msg.result:
-                self.on_result(msg[1])
+                self.master.complete(w.wid, msg[1].meta(), msg[1])
             else:
-                self.on_error(msg[1], msg[2])
+                self.master.failed(w.wid, msg[1], msg[2])
+            self.cond.notify_all()
         if w.retiring:
             self._retire_now(w)
 
@@ -223,46 +231,27 @@ class LocalDppService(ServiceCore):
         if w.retiring and w.task is None:
             return
         self.deaths.append(WorkerDeath(noticed_at=time.monotonic(), pid=w.proc.pid or -1, reason=reason))
-        if w.task is not None:
-            self._requeue(w.task, reason)
         with self.cond:
-            self.in_flight.pop(w.wid, None)
-            self.counters.worker_restarts += 1
-            if self.counters.worker_restarts > MAX_RESTARTS_PER_WORKER * max(self.setup.workers, 1):
-                restarts = self.counters.worker_restarts
-                self.fatal = self.fatal or f"DPP: workers keep dying ({restarts} restarts; last: {reason})"
-                self.cond.notify_all()
-                return
-        if not self._stop.is_set():
+            replace = self.master.lost(w.wid, reason)
+            self.cond.notify_all()
+        if replace and not self._stop.is_set():
             self._spawn()
 
-    def _requeue(self, task: Task, reason: str) -> None:
-        key = (task.epoch, task.split.index)
-        self._attempts[key] = self._attempts.get(key, 0) + 1
-        if self._attempts[key] >= MAX_SPLIT_ATTEMPTS:
-            self.on_error(task, f"{task.split.where}: killed {MAX_SPLIT_ATTEMPTS} workers (last: {reason})")
-        else:
-            with self.cond:  # clients read the queue's state (finished) under the same lock
-                self.queue.requeue(task)
-
     def _kill_overdue(self) -> None:
-        now = time.monotonic()
-        for w in list(self.workers.values()):
-            if w.task is not None and now - w.since > self.setup.limits.split_timeout_s:
-                w.proc.kill()  # its sentinel fires next step; the split is requeued there
+        with self.cond:
+            late = self.master.overdue(time.monotonic())
+        for wid in late:
+            if wid in self.workers:
+                self.workers[wid].proc.kill()  # its sentinel fires next step; the split is requeued there
 
     def _assign(self) -> None:
         idle = [w for w in self.workers.values() if w.ready and w.task is None and not w.retiring]
         for w in idle:
             with self.cond:
-                cap = max(self.capacity, len(self.workers))
-                if len(self.ready) + len(self.in_flight) >= cap:
-                    return
-                task = self.queue.next()
+                task = self.master.lease(w.wid, time.monotonic(), len(self.workers))
                 if task is None:
-                    self.cond.notify_all()  # clients may now see `finished`
+                    self.cond.notify_all()  # clients may now see `finished` (or the fatal error)
                     return
-                self.in_flight[w.wid] = task
             w.task, w.since = task, time.monotonic()
             try:
                 w.conn.send(task)
@@ -270,26 +259,14 @@ class LocalDppService(ServiceCore):
                 pass  # dead; its sentinel fires next step and requeues the task
 
     def _autoscale(self) -> None:
-        limits = self.setup.limits
-        now = time.monotonic()
-        if not limits.autoscale or now - self._last_scale < AUTOSCALE_PERIOD_S:
-            return
-        with self.cond:
-            waited = sum(self.wait_s) - self._scale_wait
-            self._scale_wait = sum(self.wait_s)
-            full = len(self.ready) >= self.capacity
-        stall = waited / ((now - self._last_scale) * self.setup.num_clients)
-        self._last_scale = now
         active = [w for w in self.workers.values() if not w.retiring]
-        if any(not w.ready for w in active):
-            return  # a worker is still starting: judge the stall once it helps
-        if stall > AUTOSCALE_STALL_FRACTION and len(active) < limits.max_workers and not self.queue.exhausted:
+        with self.cond:
+            decision = self.master.scale(time.monotonic(), len(active), any(not w.ready for w in active))
+        if decision is Scale.add:
             self._spawn()
-            self.counters.workers_added += 1
-        elif stall < AUTOSCALE_IDLE_FRACTION and full and len(active) > 1:
+        elif decision is Scale.retire:
             victim = next((w for w in active if w.task is None), active[-1])
             victim.retiring = True
-            self.counters.workers_retired += 1
             if victim.task is None:
                 self._retire_now(victim)
 

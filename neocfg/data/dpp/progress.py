@@ -5,7 +5,8 @@ Position   how far the trainers got: for each epoch not yet complete, the splits
            which is deterministic, so a range names the same samples on every re-read.
 SplitQueue the master's queue of tasks (epoch, split, ranges to deliver): epochs in a seeded shuffled split order,
            an epoch's tasks queued only once the previous epoch's are all handed out, requeued tasks first.
-Tracker    a client's record of what it received and delivered, from which it reports its Position.
+SplitMeta  what the master learns of a finished split; Finished: a client delivered every owed row of a split.
+Tracker    a client's per-split progress (rows owed, intervals delivered), reported to the master split by split.
 """
 
 from __future__ import annotations
@@ -30,6 +31,30 @@ class Task:
     split: Split
     # Row ranges to deliver (after transforms); None means every row of the split.
     keep: Optional[Ranges] = None
+
+
+@dataclass(frozen=True)
+class SplitMeta:
+    """What the master needs of a finished split (the rows themselves travel separately)."""
+
+    task: Task
+    rows: int                  # rows left after the transforms
+    delivered_rows: int        # of those, the rows this task delivers (its `keep` ranges)
+    bytes_read: int
+    seconds: float
+    rows_read: int = 0         # rows before the transforms
+    # Rows each filter dropped: ((transform index, description, rows), ...).
+    dropped: tuple[tuple[int, str, int], ...] = ()
+    skipped: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A client delivered every owed row of a split."""
+
+    epoch: int
+    split: int
+    rows: int
 
 
 # (epoch, split, start row, stop row): a range of a split's rows (numbered after the transforms).
@@ -130,47 +155,41 @@ class SplitQueue:
 
 
 class Tracker:
-    """What one client received and delivered; epochs drop out once all their splits are delivered."""
+    """One client's per-split progress: for each split in hand, the rows still owed and the row intervals already
+    delivered (a range delivered twice is counted in `duplicates`); a split whose every owed row went out is
+    `finished` until the client reports it to the master. Memory: the splits in hand, never the samples."""
 
-    def __init__(self, num_splits: int, start: Position) -> None:
-        self.num_splits = num_splits
-        self.last_epoch = start.last_epoch
-        self.done: dict[int, set[int]] = {e: set(d) for e, d in start.done.items()}
-        # Rows still owed per (epoch, split): received but not yet delivered.
+    def __init__(self) -> None:
         self.owed: dict[tuple[int, int], int] = {}
-        self.seen: dict[int, set[int]] = {}
+        self.ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        self.finished: list[Finished] = []
         self.duplicates = 0
 
     def received(self, epoch: int, split: int, rows: int) -> None:
-        # Every epoch up to the newest one received stays listed until complete: a result of epoch e + 1 can
-        # arrive before any of epoch e (a slow worker), and e must not then look finished.
-        for e in range(self.last_epoch + 1, epoch + 1):
-            self.done.setdefault(e, set())
-        self.last_epoch = max(self.last_epoch, epoch)
-        if rows:
-            self.owed[(epoch, split)] = rows
-        else:
-            self._finish(epoch, split)
-
-    def delivered(self, epoch: int, split: int, sample_ids: np.ndarray) -> None:
-        seen = self.seen.setdefault(epoch, set())
-        before = len(seen)
-        seen.update(sample_ids.tolist())
-        self.duplicates += len(sample_ids) - (len(seen) - before)
         key = (epoch, split)
-        self.owed[key] -= len(sample_ids)
-        if self.owed[key] == 0:
+        if rows:
+            self.owed[key] = self.owed.get(key, 0) + rows
+        else:
+            self.finished.append(Finished(epoch, split, 0))
+
+    def delivered(self, epoch: int, split: int, start: int, stop: int) -> None:
+        key = (epoch, split)
+        ranges = self.ranges.setdefault(key, [])
+        self.duplicates += sum(max(0, min(b, stop) - max(a, start)) for a, b in ranges)
+        if ranges and ranges[-1][1] == start:  # pieces mostly come in order: keep one interval
+            ranges[-1] = (ranges[-1][0], stop)
+        else:
+            ranges.append((start, stop))
+        self.owed[key] = self.owed.get(key, 0) - (stop - start)
+        if self.owed[key] <= 0:
             del self.owed[key]
-            self._finish(epoch, split)
+            rows = sum(b - a for a, b in self.ranges.pop(key))
+            self.finished.append(Finished(epoch, split, rows))
 
-    def _finish(self, epoch: int, split: int) -> None:
-        done = self.done.setdefault(epoch, set())
-        done.add(split)
-        if len(done) == self.num_splits:
-            del self.done[epoch]
-            self.seen.pop(epoch, None)
+    def take_finished(self) -> list[Finished]:
+        out, self.finished = self.finished, []
+        return out
 
-    def position(self, pending: list[RowRange]) -> Position:
-        """`pending`: every row range received but not delivered, in hand-out order."""
-        return Position(last_epoch=self.last_epoch, done={e: set(d) for e, d in self.done.items()},
-                        pending=list(pending))
+    def size(self) -> int:
+        """Entries held (splits in hand, their intervals, unreported finishes)."""
+        return len(self.owed) + sum(len(r) for r in self.ranges.values()) + len(self.finished)

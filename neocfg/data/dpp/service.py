@@ -1,22 +1,40 @@
-"""A DPP service: one backend and its clients, with the position to checkpoint and resume from."""
+"""A DPP service: one backend and the clients of this process, with the position to checkpoint and resume from."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional, Sequence
 
-from neocfg.data.dpp.backend import DppBackend, DppStats, ServiceSetup, make_backend
+from neocfg.data.dpp.backend import DppBackend, InlineDppService
 from neocfg.data.dpp.client import DppClient
-from neocfg.data.dpp.progress import Position, Tracker
+from neocfg.data.dpp.master import DppStats, ServiceSetup
+from neocfg.data.dpp.progress import Position
 from neocfg.types import DppBackendKind
 
 
+def make_backend(kind: DppBackendKind, setup: ServiceSetup, **options) -> DppBackend:
+    """`options` go to the Ray backend (RayOptions fields)."""
+    if kind is DppBackendKind.inline:
+        return InlineDppService(setup)
+    if kind is DppBackendKind.ray:
+        from neocfg.data.dpp.ray_backend import RayDppService
+
+        return RayDppService(setup, **options)
+    from neocfg.data.dpp.local import LocalDppService
+
+    return LocalDppService(setup)
+
+
 class DppService:
-    def __init__(self, setup: ServiceSetup, kind: DppBackendKind = DppBackendKind.local) -> None:
+    """`clients`: the client indices served in this process (default: all of setup.num_clients); a job-wide Ray
+    service has one client per trainer rank, each in its own process."""
+
+    def __init__(self, setup: ServiceSetup, kind: DppBackendKind = DppBackendKind.local,
+                 clients: Optional[Sequence[int]] = None, backend: Optional[DppBackend] = None) -> None:
         self.setup = setup
-        self.backend: DppBackend = make_backend(kind, setup)
-        n = len(setup.splits)
-        self.clients = [DppClient(self.backend, i, setup.spec.batch_size, Tracker(n, setup.start),
-                                  setup.limits.stall_timeout_s) for i in range(setup.num_clients)]
+        self.backend: DppBackend = backend or make_backend(kind, setup)
+        ids = list(range(setup.num_clients)) if clients is None else list(clients)
+        self.clients = [DppClient(self.backend, i, setup.spec.batch_size, setup.limits.stall_timeout_s) for i in ids]
         if setup.num_clients == 1:  # several clients share the owed splits however they come: no order to keep
             self.clients[0].resume_order(setup.start.pending)
 
@@ -26,7 +44,8 @@ class DppService:
 
     def position(self) -> Position:
         """What all clients delivered: the point a new service (ServiceSetup.start) continues from."""
-        return Position.merge([c.position() for c in self.clients], len(self.setup.splits))
+        step = self.clients[0].batches if self.clients else 0
+        return self.backend.position(step, {c.index: c.report() for c in self.clients})
 
     def checkpoint(self, path: Path) -> Position:
         """Save the service's position (the master's progress as the clients delivered it) to a JSON file."""

@@ -1,64 +1,100 @@
 """How many DPP workers a service starts: `dsi.workers` fixed, or `auto` from the planner's DPP sizing.
 
-`auto` takes `Plan.dpp.workers` (the planner sizes DPP from the trainers' demand and the per-sample preprocessing
-cost, neocfg/planner). Only when no DPP sizing is available (the planner is not installed, or its plan has none) it
-falls back to a local estimate: one worker per trainer rank plus `dsi.headroom`, i.e. ceil(world * (1 + headroom)).
-The local backend runs one service per trainer rank over that rank's share of the splits, so each service gets
-ceil(total / world) workers, capped by `dsi.max_workers`.
+The planner sizes DPP in worker *hosts* of a shape (e.g. 2 x cpu_host_64c); the runtime hands that sizing to the data
+layer as a PlannedDpp (the data layer never calls the planner). The backends turn hosts into what they run:
+  ray    one worker actor per planned host, with the host's CPUs and memory (scaled down where the cluster is
+         smaller: neocfg/data/dpp/ray_backend.py); one job-wide service
+  local  one worker process per planned core, over the trainer ranks (one service per rank), at most
+         dsi.max_workers and this machine's cores per rank
+Without a sizing (no plan, or a plan without DPP) `auto` estimates one worker per trainer rank plus dsi.headroom.
+The conversion is said in one line; a fixed dsi.workers beyond what is possible is capped with a warning.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
-from neocfg.config.schema import NeocfgConfig
-from neocfg.plan import Plan
-from neocfg.types import PlannerAlgorithm
+from neocfg.config.dsi import DsiConfig
+from neocfg.plan import DppSizing
+from neocfg.types import DppBackendKind
 
 
 class WorkerCountSource(Enum):
     fixed = "fixed"            # dsi.workers=<n>
-    planner = "planner"        # Plan.dpp.workers
+    planner = "planner"        # Plan.dpp (hosts of a worker shape)
     estimate = "estimate"      # no DPP sizing available: ceil(world * (1 + headroom))
 
 
 @dataclass(frozen=True)
+class PlannedDpp:
+    """The planner's DPP sizing as the runtime hands it to the data layer: worker hosts and what one host has."""
+
+    hosts: int
+    shape: str
+    cores_per_host: float
+    memory_gib_per_host: float
+
+    @staticmethod
+    def from_plan(dpp: Optional[DppSizing], dsi: DsiConfig) -> Optional["PlannedDpp"]:
+        if dpp is None or dpp.workers < 1:
+            return None
+        shapes = {s.name: s for s in dsi.worker_shapes}
+        bought = {k: v for k, v in dpp.workers_by_shape.items() if v and k in shapes} or \
+            {dsi.worker_shapes[0].name: dpp.workers}
+        hosts = sum(bought.values())
+        return PlannedDpp(hosts=hosts, shape=" + ".join(f"{n} x {k}" for k, n in bought.items()),
+                          cores_per_host=sum(shapes[k].cores * n for k, n in bought.items()) / hosts,
+                          memory_gib_per_host=sum(shapes[k].memory_gib * n for k, n in bought.items()) / hosts)
+
+
+@dataclass(frozen=True)
 class WorkerCount:
-    total: int
-    per_service: int
+    total: int            # workers of the job
+    per_service: int      # workers one service starts (per rank: local; the job's: ray)
     source: WorkerCountSource
+    note: str = ""        # the conversion, said once
+    warning: str = ""     # set when the request was capped
 
 
-def _planned(cfg: NeocfgConfig) -> Optional[Plan]:
-    if cfg.planner.plan_file:
-        from neocfg.plan_check import load_plan_file
-
-        return load_plan_file(cfg.planner.plan_file, cfg.model)
-    try:
-        from neocfg.planner import make_plan
-    except ImportError:
-        return None
-    # DPP demand depends on the step time, not on the exact placement: the fast greedy planner is enough here.
-    quick = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, algorithm=PlannerAlgorithm.greedy))
-    return make_plan(quick)
-
-
-def worker_count(cfg: NeocfgConfig, world_size: int, plan: Optional[Plan] = None) -> WorkerCount:
-    d = cfg.dsi
-    if d.workers != "auto":
-        total, source = int(d.workers), WorkerCountSource.fixed
-    else:
-        plan = plan or _planned(cfg)
-        if plan is not None and plan.dpp is not None:
-            total, source = max(1, plan.dpp.workers), WorkerCountSource.planner
-        else:
-            total, source = math.ceil(world_size * (1.0 + d.headroom)), WorkerCountSource.estimate
-    per_service = min(max(1, math.ceil(total / world_size)), d.max_workers)
-    return WorkerCount(total=total, per_service=per_service, source=source)
+def worker_count(dsi: DsiConfig, world_size: int, sizing: Optional[PlannedDpp] = None,
+                 backend: Optional[DppBackendKind] = None, cpus: Optional[int] = None) -> WorkerCount:
+    backend = backend or dsi.backend
+    cpus = cpus or os.cpu_count() or 1
+    job_wide = backend is DppBackendKind.ray
+    cap = dsi.max_workers
+    if dsi.workers != "auto":
+        total = int(dsi.workers)
+        want = total if job_wide else math.ceil(total / world_size)
+        per = min(want, cap)
+        where = "worker actors for the job" if job_wide else f"worker processes per rank ({total} over {world_size} ranks)"
+        warning = (f"warning: dsi.workers={total} asks for {want} {where}; capped at dsi.max_workers={cap}"
+                   if want > cap else "")
+        return WorkerCount(total=total, per_service=per, source=WorkerCountSource.fixed, warning=warning)
+    if sizing is None:
+        total = math.ceil(world_size * (1.0 + dsi.headroom))
+        per = total if job_wide else math.ceil(total / world_size)
+        return WorkerCount(total=total, per_service=min(per, cap), source=WorkerCountSource.estimate,
+                           note=f"DPP: no planned sizing; {total} workers (one per trainer rank + dsi.headroom "
+                                f"{dsi.headroom:g})")
+    if job_wide:
+        per = min(sizing.hosts, cap)
+        capped = f", at most dsi.max_workers={cap}" if sizing.hosts > cap else ""
+        return WorkerCount(total=sizing.hosts, per_service=per, source=WorkerCountSource.planner,
+                           note=f"DPP: the plan sizes {sizing.shape} worker host(s) -> {per} Ray worker actors of "
+                                f"{sizing.cores_per_host:g} CPUs each{capped}")
+    processes = max(1, math.ceil(sizing.hosts * sizing.cores_per_host))
+    want = math.ceil(processes / world_size)
+    fit = min(cap, max(1, cpus // world_size))
+    per = min(want, fit)
+    why = "" if per == want else (f" (this machine has {cpus} cores for {world_size} ranks)"
+                                  if fit < cap else f" (at most dsi.max_workers={cap})")
+    return WorkerCount(total=processes, per_service=per, source=WorkerCountSource.planner,
+                       note=f"DPP: the plan sizes {sizing.shape} worker host(s), {processes} cores -> {want} local "
+                            f"worker processes per rank over {world_size} ranks; running {per} per rank{why}")
 
 
 def workers_needed(demand_samples_per_s: float, per_worker_samples_per_s: float, headroom: float) -> int:

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.dataset import FeatureColumns, Split
-from neocfg.data.dpp.progress import Task
+from neocfg.data.dpp.progress import SplitMeta, Task
 from neocfg.data.transforms import BoundTransform, apply, from_arrow, to_batch_arrays
 from neocfg.errors import DataError
 
@@ -71,10 +71,21 @@ class SplitResult:
     bytes_read: int
     seconds: float
     skipped: Optional[str] = None  # the error, when the split was skipped (dsi.on_bad_split=skip)
+    rows_read: int = 0             # rows before the transforms
+    dropped: tuple[tuple[int, str, int], ...] = ()  # (transform index, description, rows) per filter
     delivered_rows: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.delivered_rows = sum(p.arrays.rows for p in self.pieces)
+
+    def meta(self) -> SplitMeta:
+        return SplitMeta(task=self.task, rows=self.rows, delivered_rows=self.delivered_rows,
+                         bytes_read=self.bytes_read, seconds=self.seconds, rows_read=self.rows_read,
+                         dropped=self.dropped, skipped=self.skipped)
+
+    @staticmethod
+    def skipped_split(meta: SplitMeta) -> "SplitResult":
+        return SplitResult(task=meta.task, rows=0, pieces=[], bytes_read=0, seconds=0.0, skipped=meta.skipped)
 
 
 class _CountingFile(io.FileIO):
@@ -140,7 +151,8 @@ class SplitReader:
         table, nbytes = self.read(split)
         if table.num_rows != split.rows:
             raise DataError(f"{split.where}: has {table.num_rows} rows, the manifest says {split.rows}")
-        rows = apply(from_arrow(table, self.spec.columns, split.where), list(self.spec.transforms))
+        dropped: dict[int, int] = {}
+        rows = apply(from_arrow(table, self.spec.columns, split.where), list(self.spec.transforms), dropped)
         arrays = to_batch_arrays(rows, self.spec.columns, split.where)
         if self.spec.extra_split_s:
             time.sleep(self.spec.extra_split_s)
@@ -149,8 +161,10 @@ class SplitReader:
             kept = arrays.slice(a, b)
             for k, part in enumerate(kept.split_batches(self.spec.batch_size)):
                 pieces.append(Piece(start=a + k * self.spec.batch_size, arrays=part))
+        names = {t.index: t.describe for t in self.spec.transforms}
         return SplitResult(task=task, rows=arrays.rows, pieces=pieces, bytes_read=nbytes,
-                           seconds=time.perf_counter() - t0)
+                           seconds=time.perf_counter() - t0, rows_read=table.num_rows,
+                           dropped=tuple((i, names[i], n) for i, n in sorted(dropped.items()) if n))
 
     def close(self) -> None:
         for f, _ in self._files.values():

@@ -1,0 +1,294 @@
+"""The DPP master's policy, free of processes, threads and transports (unit-testable on its own).
+
+One Master per service: the local backend runs it in a thread of the trainer process (one service per rank), the Ray
+backend in one named actor per job. Transports (neocfg/data/dpp/local.py, ray_backend.py) start workers, carry tasks
+and results, and tell the master what happened; the master decides:
+
+  split queue   epochs in a seeded order, requeued tasks first (progress.SplitQueue)
+  leases        which worker holds which task since when; a task is leased only while the buffer of finished splits
+                has room, a lease past `split_timeout_s` is overdue (the transport kills its worker), a task whose
+                workers died MAX_SPLIT_ATTEMPTS times is a bad split
+  progress      per split, not per sample: the open epochs' finished splits (reported by the clients once every row
+                of a split was delivered) and, at a checkpoint, the row ranges each client still owes; memory grows
+                with the number of splits, never with the number of samples
+  emptiness     an epoch whose every split came back with no row left after the transforms fails the job at once,
+                naming the filter that dropped the rows (instead of spinning on empty splits forever)
+  scaling       add a worker while clients stall, retire one while they never wait and the buffer is full, within
+                [min_workers, max_workers] (dsi.autoscale)
+
+Results are generic: the local backend buffers the SplitResult itself, the Ray backend an object-store reference.
+Callers serialize access (a lock, or an actor's thread).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Generic, Optional, TypeVar
+
+from neocfg.data.dataset import Split
+from neocfg.data.dpp.progress import Finished, Position, RowRange, SplitMeta, SplitQueue, Task
+from neocfg.data.dpp.worker import WorkerSpec
+from neocfg.errors import DataError
+from neocfg.types import OnBadSplit
+
+# A split whose worker died this many times is reported as a bad split (it is what kills them).
+MAX_SPLIT_ATTEMPTS = 3
+# Replacement workers allowed per configured worker before the service gives up (something kills every worker).
+MAX_RESTARTS_PER_WORKER = 8
+# Online scaling (DSI, ISCA'22 section 5: the DPP master scales workers to keep trainers from stalling): decide once
+# per period; add a worker when clients waited more than this fraction of it ...
+AUTOSCALE_PERIOD_S = 1.0
+AUTOSCALE_STALL_FRACTION = 0.05
+# ... and retire one when they waited less than this fraction while the buffer was full.
+AUTOSCALE_IDLE_FRACTION = 0.001
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    # Finished splits buffered per client (the bounded queue between workers and trainers).
+    prefetch_splits: int = 4
+    # A worker busy longer than this on one split is killed and the split requeued.
+    split_timeout_s: float = 60.0
+    # A client that gets no sample for this long raises instead of hanging.
+    stall_timeout_s: float = 120.0
+    max_workers: int = 16
+    autoscale: bool = False
+    # Autoscaling never retires below this many workers.
+    min_workers: int = 1
+
+
+@dataclass(frozen=True)
+class ServiceSetup:
+    splits: tuple[Split, ...]
+    spec: WorkerSpec
+    workers: int
+    seed: int
+    num_clients: int = 1
+    on_bad_split: OnBadSplit = OnBadSplit.fail
+    limits: ServiceLimits = field(default_factory=ServiceLimits)
+    # None: epochs roll over forever (training); n: stop after n epochs (tests, benchmarks).
+    max_epochs: Optional[int] = None
+    start: Position = field(default_factory=Position)
+    # Said in the "no sample left" error: whose splits these are ("this rank's 3 splits", "the job's 12 splits").
+    scope: str = "the service's"
+
+
+@dataclass
+class DppStats:
+    workers: int = 0
+    worker_restarts: int = 0
+    workers_added: int = 0
+    workers_retired: int = 0
+    bytes_read: int = 0
+    splits_done: int = 0
+    splits_skipped: int = 0
+    worker_busy_s: float = 0.0
+    # Rows of a split reported finished twice (by two clients, or twice by one): 0 when delivery is exactly-once.
+    duplicate_rows: int = 0
+
+
+@dataclass
+class Lease:
+    task: Task
+    since: float
+
+
+class Scale(Enum):
+    keep = "keep"
+    add = "add"
+    retire = "retire"
+
+
+P = TypeVar("P")
+
+
+class Master(Generic[P]):
+    def __init__(self, setup: ServiceSetup) -> None:
+        self.setup = setup
+        start = setup.start
+        self.queue = SplitQueue(list(setup.splits), setup.seed, setup.max_epochs, start)
+        self.ready: deque[tuple[SplitMeta, Optional[P]]] = deque()  # payload None: a skipped split
+        self.leases: dict[int, Lease] = {}
+        self.attempts: dict[tuple[int, int], int] = {}
+        self.counters = DppStats()
+        self.fatal: Optional[str] = None
+        self.skipped_errors: list[str] = []
+        self.wait_s = [0.0] * setup.num_clients
+        # Per-split progress: the newest epoch handed out and, per epoch not yet complete, its finished splits.
+        self.last_epoch = start.last_epoch
+        self.open: dict[int, set[int]] = {e: set(d) for e, d in start.done.items()}
+        # Empty-epoch detection, for epochs started from scratch: whole-split results in, rows left, drops per filter.
+        self._fresh: dict[int, list[int]] = {}  # epoch -> [results, rows left, rows read]
+        self._dropped: dict[int, Counter] = {}
+        self._resumed_epochs = set(start.done) | {e for e, *_ in start.pending}
+        # Autoscaling: the clients' total wait at the last decision.
+        self._last_scale: Optional[float] = None
+        self._scale_wait = 0.0
+
+    # ---- buffer -----------------------------------------------------------------------------------------------
+    @property
+    def num_splits(self) -> int:
+        return len(self.setup.splits)
+
+    @property
+    def capacity(self) -> int:
+        return self.setup.limits.prefetch_splits * self.setup.num_clients
+
+    @property
+    def finished(self) -> bool:
+        """A finite service (max_epochs) handed out and delivered everything."""
+        return self.queue.exhausted and not self.leases and not self.ready
+
+    def room(self, workers: int) -> bool:
+        return len(self.ready) + len(self.leases) < max(self.capacity, workers)
+
+    # ---- workers ----------------------------------------------------------------------------------------------
+    def lease(self, worker: int, now: float, workers: int = 1) -> Optional[Task]:
+        """The next task for an idle worker; None when the buffer is full or nothing is left."""
+        if self.fatal or not self.room(workers):
+            return None
+        task = self.queue.next()
+        if task is None:
+            return None
+        for e in range(self.last_epoch + 1, task.epoch + 1):
+            self.open.setdefault(e, set())
+        self.last_epoch = max(self.last_epoch, task.epoch)
+        self.leases[worker] = Lease(task, now)
+        return task
+
+    def complete(self, worker: int, meta: SplitMeta, payload: P) -> None:
+        self.leases.pop(worker, None)
+        c = self.counters
+        c.bytes_read += meta.bytes_read
+        c.splits_done += 1
+        c.worker_busy_s += meta.seconds
+        self.ready.append((meta, payload))
+        self._check_empty(meta)
+
+    def failed(self, worker: int, task: Task, message: str) -> None:
+        """A split failed on a worker: stop everything (fail) or deliver it as an empty, skipped split (skip)."""
+        self.leases.pop(worker, None)
+        self._bad(task, message)
+
+    def _bad(self, task: Task, message: str) -> None:
+        if self.setup.on_bad_split is OnBadSplit.fail:
+            self.fatal = self.fatal or message
+            return
+        self.counters.splits_skipped += 1
+        self.skipped_errors.append(message)
+        meta = SplitMeta(task=task, rows=0, delivered_rows=0, bytes_read=0, seconds=0.0, skipped=message)
+        self.ready.append((meta, None))
+        self._check_empty(meta)
+
+    def lost(self, worker: int, reason: str) -> bool:
+        """A worker died (or was killed as overdue): requeue its task; False when workers keep dying (give up)."""
+        lease = self.leases.pop(worker, None)
+        if lease is not None:
+            key = (lease.task.epoch, lease.task.split.index)
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            if self.attempts[key] >= MAX_SPLIT_ATTEMPTS:
+                self._bad(lease.task, f"{lease.task.split.where}: killed {MAX_SPLIT_ATTEMPTS} workers (last: {reason})")
+            else:
+                self.queue.requeue(lease.task)
+        self.counters.worker_restarts += 1
+        if self.counters.worker_restarts > MAX_RESTARTS_PER_WORKER * max(self.setup.workers, 1):
+            self.fatal = self.fatal or (f"DPP: workers keep dying ({self.counters.worker_restarts} restarts; "
+                                        f"last: {reason})")
+            return False
+        return True
+
+    def overdue(self, now: float) -> list[int]:
+        """Workers busy on one split for longer than split_timeout_s (the transport kills them)."""
+        limit = self.setup.limits.split_timeout_s
+        return [w for w, lease in self.leases.items() if now - lease.since > limit]
+
+    # ---- clients ----------------------------------------------------------------------------------------------
+    def take(self) -> Optional[tuple[SplitMeta, Optional[P]]]:
+        """Raise the fatal error, or pop a finished split (None if there is none yet)."""
+        if self.fatal:
+            raise DataError(self.fatal)
+        return self.ready.popleft() if self.ready else None
+
+    def report_wait(self, client: int, seconds: float) -> None:
+        self.wait_s[client] += seconds
+
+    def finish(self, done: list[Finished]) -> None:
+        """Clients delivered every owed row of these splits."""
+        for f in done:
+            if f.epoch not in self.open:
+                if f.epoch <= self.last_epoch:  # the epoch is complete already: this split came twice
+                    self.counters.duplicate_rows += f.rows
+                continue
+            got = self.open[f.epoch]
+            if f.split in got:
+                self.counters.duplicate_rows += f.rows
+                continue
+            got.add(f.split)
+            if len(got) == self.num_splits:
+                del self.open[f.epoch]
+                self._fresh.pop(f.epoch, None)
+                self._dropped.pop(f.epoch, None)
+
+    def position(self, pending: list[RowRange]) -> Position:
+        """The checkpoint: finished splits of the open epochs and the ranges the clients still owe."""
+        return Position(last_epoch=self.last_epoch, done={e: set(d) for e, d in self.open.items()},
+                        pending=list(pending))
+
+    def tracking_size(self) -> int:
+        """Entries the progress tracking holds (split ids and counters): bounded by splits, not samples."""
+        return sum(len(d) for d in self.open.values()) + len(self.open) + len(self._fresh) + len(self.attempts)
+
+    # ---- emptiness --------------------------------------------------------------------------------------------
+    def _check_empty(self, meta: SplitMeta) -> None:
+        e = meta.task.epoch
+        if meta.task.keep is not None or e in self._resumed_epochs:
+            return
+        acc = self._fresh.setdefault(e, [0, 0, 0, 0])  # results, rows left, rows read, skipped
+        acc[0] += 1
+        acc[1] += meta.rows
+        acc[2] += meta.rows_read
+        acc[3] += meta.skipped is not None
+        drops = self._dropped.setdefault(e, Counter())
+        for i, what, n in meta.dropped:
+            drops[(i, what)] += n
+        if acc[0] == self.num_splits and acc[1] == 0 and self.setup.max_epochs is None:
+            if acc[3] == acc[0]:
+                self.fatal = self.fatal or (f"DPP: every one of {self.setup.scope} {self.num_splits} splits is bad "
+                                            f"and was skipped (dsi.on_bad_split=skip); last: {meta.skipped}")
+            else:
+                self.fatal = self.fatal or self._empty_message(acc[2], drops)
+
+    def _empty_message(self, rows_read: int, drops: Counter) -> str:
+        head = (f"DPP: no sample left after the transforms in {self.setup.scope} {self.num_splits} splits "
+                f"({rows_read:,} rows read in a whole epoch)")
+        if not drops:
+            return head + "; the splits are empty"
+        (i, what), n = drops.most_common(1)[0]
+        return f"{head}: dsi.transforms.{i} ({what}) dropped {n:,} of them; relax that filter or check the data"
+
+    # ---- scaling ----------------------------------------------------------------------------------------------
+    def scale(self, now: float, active: int, starting: bool) -> Scale:
+        """Once per AUTOSCALE_PERIOD_S: add a worker while clients stall, retire one while nobody waits and the
+        buffer is full. `active`: workers not retiring; `starting`: one of them is not ready yet (judge later)."""
+        limits = self.setup.limits
+        if not limits.autoscale:
+            return Scale.keep
+        if self._last_scale is None:
+            self._last_scale, self._scale_wait = now, sum(self.wait_s)
+            return Scale.keep
+        if now - self._last_scale < AUTOSCALE_PERIOD_S:
+            return Scale.keep
+        waited = sum(self.wait_s) - self._scale_wait
+        stall = waited / ((now - self._last_scale) * self.setup.num_clients)
+        self._last_scale, self._scale_wait = now, sum(self.wait_s)
+        if starting:
+            return Scale.keep
+        if stall > AUTOSCALE_STALL_FRACTION and active < limits.max_workers and not self.queue.exhausted:
+            self.counters.workers_added += 1
+            return Scale.add
+        if stall < AUTOSCALE_IDLE_FRACTION and len(self.ready) >= self.capacity and active > limits.min_workers:
+            self.counters.workers_retired += 1
+            return Scale.retire
+        return Scale.keep
