@@ -7,7 +7,7 @@ STAMP := $(VENV)/.neocfg-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test bench clean torchrec-env
+.PHONY: run test test-torchrec bench clean torchrec-env
 
 # TorchRec 1.8 (for bench/bench_vs_torchrec.py and the interop tests) lives in an environment of its own: it is
 # installed without its dependencies (its fbgemm-gpu requirement would pull a CUDA build; fbgemm-gpu-cpu serves).
@@ -32,8 +32,18 @@ torchrec-env: $(TR_STAMP)
 run: $(STAMP)
 	$(VENV)/bin/neocfg $(ARGS)
 
-test: $(STAMP)
+# The whole suite, then (when no PYTEST_ARGS narrow it) the TorchRec interop tests in .venv-torchrec, where TorchRec
+# is installed (in .venv they are skipped, saying so). Targeted runs (PYTEST_ARGS set) need only .venv.
+TORCHREC_TESTS := tests/test_interop_torchrec.py
+
+test: $(STAMP) $(if $(strip $(PYTEST_ARGS)),,$(TR_STAMP))
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(TR_PY) -m pytest -q $(TORCHREC_TESTS)
+endif
+
+test-torchrec: $(TR_STAMP)
+	$(TR_PY) -m pytest -q $(TORCHREC_TESTS)
 
 # Benchmarks (not part of CI): each prints ratios measured side by side in one run and writes JSON.
 bench: $(STAMP)

@@ -51,6 +51,12 @@ class CommDtype(Enum):
         return {"fp32": 4, "fp16": 2, "bf16": 2}[self.value]
 
 
+class PlanExport(Enum):
+    """Other systems' plan formats mode=plan can write beside plan.json (planner.export)."""
+
+    torchrec = "torchrec"      # torchrec_plan.json: neocfg.interop.torchrec.load_torchrec_plan -> ShardingPlan
+
+
 class Interaction(Enum):
     dot = "dot"
     dcn = "dcn"

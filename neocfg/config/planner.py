@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from neocfg.config import checks
-from neocfg.types import CommDtype, MemoryTier, PlannerAlgorithm, ShardingType, WeightsDtype
+from neocfg.types import CommDtype, MemoryTier, PlanExport, PlannerAlgorithm, ShardingType, WeightsDtype
 
 
 @dataclass
@@ -96,8 +96,10 @@ class PlannerConfig:
     # Wall-clock limit for the ILP solver and the relative gap at which it may stop.
     time_limit_s: float = 45.0
     mip_gap: float = 0.01
-    # Use a saved plan.json instead of planning (mode=train).
+    # Use a saved plan.json instead of planning (mode=train); mode=plan validates and rates it without solving.
     plan_file: Optional[str] = None
+    # Also write the plan in another system's format (mode=plan): torchrec -> torchrec_plan.json.
+    export: Optional[PlanExport] = None
     # What the planner may choose, for every table (a table's own lists narrow these further).
     sharding_types: List[ShardingType] = field(default_factory=lambda: list(ShardingType))
     memory_tiers: List[MemoryTier] = field(default_factory=lambda: list(MemoryTier))

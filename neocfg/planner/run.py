@@ -11,6 +11,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import Plan
 from neocfg.planner import make_plan
 from neocfg.planner.report import save_png, summary
+from neocfg.types import PlanExport
 
 
 def run(cfg: NeocfgConfig, run_dir: Path | None) -> Plan:
@@ -27,4 +28,10 @@ def run(cfg: NeocfgConfig, run_dir: Path | None) -> Plan:
         plan.save(run_dir / "plan.json")
         save_png(cfg, plan, run_dir / "plan.png")
         print(f"plan written to {run_dir / 'plan.json'}, plot {run_dir / 'plan.png'}")
+        if cfg.planner.export is PlanExport.torchrec:
+            from neocfg.interop.export import EXPORT_FILE, compute_device_of, write_torchrec_plan
+
+            write_torchrec_plan(plan, compute_device_of(cfg.hardware.device.kind), run_dir / EXPORT_FILE)
+            print(f"TorchRec plan written to {run_dir / EXPORT_FILE} "
+                  f"(neocfg.interop.torchrec.load_torchrec_plan(path, module) -> ShardingPlan)")
     return plan
