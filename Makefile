@@ -7,7 +7,7 @@ STAMP := $(VENV)/.neocfg-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-torchrec bench clean torchrec-env
+.PHONY: run test test-torchrec bench clean torchrec-env gpu-check
 
 # TorchRec 1.8 (for bench/bench_vs_torchrec.py and the interop tests) lives in an environment of its own: it is
 # installed without its dependencies (its fbgemm-gpu requirement would pull a CUDA build; fbgemm-gpu-cpu serves).
@@ -44,6 +44,12 @@ endif
 
 test-torchrec: $(TR_STAMP)
 	$(TR_PY) -m pytest -q $(TORCHREC_TESTS)
+
+# Correctness on CUDA, for a machine with a GPU (CI has none; there these tests skip): one GPU, world size 1 over
+# NCCL, every memory tier (HBM, UVM caching, UVM), fp16 weights, bf16 dense, the CUDA-event stopwatch.
+gpu-check: $(STAMP)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-check: no CUDA device visible to torch ' + torch.__version__ + ' (install a CUDA build of torch and fbgemm-gpu)')"
+	$(PY) -m pytest -q -rs tests/test_gpu.py $(PYTEST_ARGS)
 
 # Benchmarks (not part of CI): each prints ratios measured side by side in one run and writes JSON.
 bench: $(STAMP)

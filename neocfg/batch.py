@@ -27,6 +27,11 @@ class Batch:
     def num_tables(self) -> int:
         return int(self.lengths.shape[0])
 
+    def pin_memory(self) -> "Batch":
+        """A copy in page-locked host memory (so that copies to a GPU can be non_blocking)."""
+        return Batch(self.dense.pin_memory(), self.lengths.pin_memory(), self.values.pin_memory(),
+                     self.labels.pin_memory(), self.sample_ids.pin_memory())
+
     def offsets(self) -> torch.Tensor:
         """fbgemm-style offsets over all (table, sample) bags: [T * B + 1]."""
         flat = self.lengths.reshape(-1)

@@ -74,6 +74,15 @@ class DenseOptimizer(Enum):
     adam = "adam"
 
 
+class DensePrecision(Enum):
+    """Math of the dense part (MLPs, interaction). tf32: fp32 storage, TF32 tensor-core matmuls on CUDA (plain fp32 on
+    a CPU); bf16: autocast to bfloat16."""
+
+    fp32 = "fp32"
+    tf32 = "tf32"
+    bf16 = "bf16"
+
+
 class DeviceKind(Enum):
     cpu = "cpu"
     gpu = "gpu"

@@ -12,7 +12,7 @@ from omegaconf import MISSING
 
 from neocfg.config import checks
 from neocfg.errors import ConfigError
-from neocfg.types import Backend, DeviceKind
+from neocfg.types import Backend, DensePrecision, DeviceKind
 
 
 @dataclass
@@ -22,8 +22,11 @@ class DeviceConfig:
     # Fast device memory (HBM on a GPU; the per-rank memory budget on a CPU rank).
     hbm_gib: float = MISSING
     hbm_bandwidth_gbs: float = MISSING
-    # Dense throughput the MLPs can reach (peak at the training precision, before efficiency factors).
+    # Dense peak in fp32 (before efficiency factors); the TF32 and BF16 tensor-core peaks when the device has them
+    # (unset: no faster than fp32). The planner uses the one of train.dense_precision.
     peak_tflops: float = 100.0
+    peak_tflops_tf32: Optional[float] = None
+    peak_tflops_bf16: Optional[float] = None
     # Fixed host-side cost of one kernel (op) in the training step, microseconds: launch on a GPU (~5 us, CUDA
     # kernel launch latency; mostly overlapped, kept as the exposed part), eager op dispatch on a CPU rank.
     kernel_overhead_us: float = 5.0
@@ -44,12 +47,22 @@ class DeviceConfig:
         checks.positive(f"{key}.hbm_gib", self.hbm_gib)
         checks.positive(f"{key}.hbm_bandwidth_gbs", self.hbm_bandwidth_gbs)
         checks.positive(f"{key}.peak_tflops", self.peak_tflops)
+        for sub in ("peak_tflops_tf32", "peak_tflops_bf16"):
+            if getattr(self, sub) is not None:
+                checks.positive(f"{key}.{sub}", getattr(self, sub))
         checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
         checks.non_negative(f"{key}.routing_us_per_piece", self.routing_us_per_piece)
         if self.exchange_copy_gbs is not None:
             checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
         if self.dense_mfu is not None:
             checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)
+
+
+    def peak_tflops_at(self, precision: DensePrecision) -> float:
+        """Dense peak at a training precision; a precision without its own peak runs no faster than fp32."""
+        own = {DensePrecision.fp32: self.peak_tflops, DensePrecision.tf32: self.peak_tflops_tf32,
+               DensePrecision.bf16: self.peak_tflops_bf16}[precision]
+        return self.peak_tflops if own is None else own
 
 
 @dataclass

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from neocfg.config import checks
-from neocfg.types import DenseOptimizer, SparseOptimizer
+from neocfg.types import DenseOptimizer, DensePrecision, SparseOptimizer
 
 
 @dataclass
@@ -20,6 +20,11 @@ class TrainConfig:
     sparse_optimizer: SparseOptimizer = SparseOptimizer.exact_rowwise_adagrad
     sparse_learning_rate: float = 0.05
     seed: int = 0
+    # Dense math: fp32, tf32 (TF32 matmuls on CUDA; fp32 on a CPU) or bf16 (autocast). The planner rates the dense
+    # part at hardware.device's peak for this precision.
+    dense_precision: DensePrecision = DensePrecision.tf32
+    # Exact per-category step times: synchronize the device at every stopwatch mark (removes overlap; GPU only).
+    profile: bool = False
     log_every: int = 10
     # Save a checkpoint every N steps (0: never) into checkpoint_dir (default: <run dir>/checkpoints).
     checkpoint_every: int = 0

@@ -73,8 +73,8 @@ class Prefetcher:
     the time next_batch() blocked on the thread.
     """
 
-    def __init__(self, inner: BatchSource) -> None:
-        self.inner = inner
+    def __init__(self, inner: BatchSource, pin_memory: bool = False) -> None:
+        self.inner, self.pin_memory = inner, pin_memory
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neocfg-prefetch")
         self.pending: Optional[Future] = None
         self.delivered_state = inner.state_dict()
@@ -83,6 +83,8 @@ class Prefetcher:
 
     def _produce(self) -> tuple[Batch, dict[str, Any]]:
         batch = self.inner.next_batch()
+        if self.pin_memory:
+            batch = batch.pin_memory()
         return batch, self.inner.state_dict()
 
     def next_batch(self) -> Batch:
@@ -126,12 +128,14 @@ EVAL_FIRST_SAMPLE = 1 << 40
 
 
 def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = False,
-                sizing: Optional["PlannedDpp"] = None, share: Optional[Callable[[Any], Any]] = None) -> BatchSource:
+                sizing: Optional["PlannedDpp"] = None, share: Optional[Callable[[Any], Any]] = None,
+                pin_memory: bool = False) -> BatchSource:
     """The batch source for one trainer rank, chosen by cfg.dsi.source.
 
     dsi.source=parquet: DPP services (neocfg/data/dpp_source.py); `sizing` is the planner's DPP sizing for
     dsi.workers=auto, handed over by the runtime (PlannedDpp.from_plan); `share` gives rank 0's value to every rank
-    (a broadcast; the Ray backend shares its cluster address with it).
+    (a broadcast; the Ray backend shares its cluster address with it). pin_memory: synthetic batches are pinned in
+    the prefetch thread (for non_blocking copies to a GPU).
     """
     if cfg.dsi.source is DataSource.parquet:
         from neocfg.data.dpp_source import make_dpp_source
@@ -139,4 +143,5 @@ def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = F
         return make_dpp_source(cfg, rank, world_size, eval=eval, sizing=sizing, share=share)
     data = SyntheticData.for_model(cfg.model, cfg.dsi.seed)
     first = EVAL_FIRST_SAMPLE if eval else 0
-    return Prefetcher(SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first))
+    return Prefetcher(SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first),
+                      pin_memory=pin_memory)

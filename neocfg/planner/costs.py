@@ -113,7 +113,8 @@ class CostModel:
         return CostModel(
             topo=topo, batch_size=cfg.train.batch_size, consts=c, hbm_bandwidth_gbs=hw.device.hbm_bandwidth_gbs,
             pcie_bandwidth_gbs=hw.host.pcie_bandwidth_gbs, intra_gbs=hw.intra_node_bandwidth_gbs,
-            inter_gbs=hw.inter_node_bandwidth_gbs, peak_tflops=hw.device.peak_tflops, cache_ratio=pl.cache_ratio,
+            inter_gbs=hw.inter_node_bandwidth_gbs,
+            peak_tflops=hw.device.peak_tflops_at(cfg.train.dense_precision), cache_ratio=pl.cache_ratio,
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
             sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
             collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
@@ -318,7 +319,7 @@ def dense_cost(cfg: NeocfgConfig) -> DenseCost:
     hw, c = cfg.hardware, cfg.planner.costs
     flops, params = dense_flops_and_params(cfg.model)
     mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
-    rate = hw.device.peak_tflops * 1e12 * mfu
+    rate = hw.device.peak_tflops_at(cfg.train.dense_precision) * 1e12 * mfu
     fwd = flops * cfg.train.batch_size / rate * MS
     p, n = hw.devices_per_node, hw.nodes
     grad_bytes = params * FP32

@@ -10,7 +10,6 @@ with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2
 from __future__ import annotations
 
 import datetime
-import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -19,57 +18,10 @@ import torch.distributed as dist
 
 from neocfg.batch import Batch
 from neocfg.runtime.layout import Layout, OutputKind
+from neocfg.runtime.timing import StepTimes, Stopwatch  # noqa: F401  (re-exported)
 from neocfg.types import CommDtype
 
 TORCH_DTYPES = {CommDtype.fp32: torch.float32, CommDtype.fp16: torch.float16, CommDtype.bf16: torch.bfloat16}
-
-
-@dataclass
-class StepTimes:
-    """Milliseconds spent per category during one step on this rank."""
-
-    data_wait: float = 0.0
-    emb_fwd: float = 0.0
-    emb_bwd: float = 0.0
-    comm_input: float = 0.0
-    comm_fwd: float = 0.0
-    comm_bwd: float = 0.0
-    dense: float = 0.0
-    total: float = 0.0
-
-    def add(self, name: str, ms: float) -> None:
-        setattr(self, name, getattr(self, name) + ms)
-
-
-class Stopwatch:
-    """`with sw("comm_fwd"):` adds the block's wall time to sw.times.comm_fwd (syncs CUDA first when on a GPU)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.times = StepTimes()
-        # When the pooled-output gradient reached the fused TBEs in the last backward (set by _GradArrival).
-        self.grad_arrival: Optional[float] = None
-
-    def now(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter()
-
-    def __call__(self, name: str) -> "_Lap":
-        return _Lap(self, name)
-
-
-@dataclass
-class _Lap:
-    sw: Stopwatch
-    name: str
-    t0: float = 0.0
-
-    def __enter__(self) -> None:
-        self.t0 = self.sw.now()
-
-    def __exit__(self, *exc) -> None:
-        self.sw.times.add(self.name, (self.sw.now() - self.t0) * 1e3)
 
 
 @dataclass

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
 from neocfg.config.model import ModelConfig
-from neocfg.types import Interaction
+from neocfg.types import DensePrecision, Interaction
 
 
 def mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
@@ -86,3 +88,19 @@ def make_dense_optimizer(params, kind, lr: float) -> torch.optim.Optimizer:
 
     return {DenseOptimizer.sgd: torch.optim.SGD, DenseOptimizer.adagrad: torch.optim.Adagrad,
             DenseOptimizer.adam: torch.optim.Adam}[kind](params, lr=lr)
+
+
+def set_matmul_precision(precision: DensePrecision, device: torch.device) -> None:
+    """TF32 tensor-core math for fp32 matmuls on CUDA under dense_precision=tf32, IEEE fp32 otherwise (torch's
+    fp32_precision switches; they do nothing on a CPU)."""
+    if device.type == "cuda":
+        mode = "tf32" if precision is DensePrecision.tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.fp32_precision = mode
+
+
+def dense_autocast(precision: DensePrecision, device: torch.device) -> contextlib.AbstractContextManager:
+    """The context the dense forward runs in: autocast to bfloat16 for dense_precision=bf16."""
+    if precision is DensePrecision.bf16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

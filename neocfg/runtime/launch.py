@@ -21,14 +21,17 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from neocfg.errors import NeocfgError
+from neocfg.errors import ConfigError, NeocfgError
 from neocfg.types import Backend
+
+if TYPE_CHECKING:
+    from neocfg.config.hardware import HardwareConfig
 
 
 class RankFailedError(NeocfgError):
@@ -45,6 +48,17 @@ class RankEnv:
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def check_single_host(hw: "HardwareConfig") -> None:
+    """Without torchrun, neocfg starts every rank on this host: refuse a preset that spans several nodes (its ranks
+    would all land here and fail in set_device) and say how to start it."""
+    if hw.nodes > 1 and not under_torchrun():
+        raise ConfigError("hardware", hw.name,
+                          f"spans {hw.nodes} nodes x {hw.devices_per_node} devices, and without torchrun neocfg "
+                          f"starts ranks on this host only; on every node run `torchrun --nnodes {hw.nodes} "
+                          f"--nproc-per-node {hw.devices_per_node} --rdzv-backend c10d --rdzv-endpoint HOST:29500 "
+                          f"-m neocfg mode=train hardware={hw.name} ...`")
 
 
 def free_port() -> int:

@@ -12,7 +12,7 @@ from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer
 from neocfg.runtime.layout import build_layout
-from neocfg.runtime.launch import RankEnv, launch, under_torchrun
+from neocfg.runtime.launch import RankEnv, check_single_host, launch, under_torchrun
 from neocfg.types import Backend
 
 
@@ -47,6 +47,7 @@ def check_trainable(cfg: NeocfgConfig) -> None:
         raise ConfigError("model", cfg.model.name, "is a planning-only model (too big to instantiate here); "
                           "mode=train needs one that fits, e.g. model=dlrm_tiny")
     hw = cfg.hardware
+    check_single_host(hw)
     if hw.backend is Backend.nccl and not under_torchrun():
         import torch
 

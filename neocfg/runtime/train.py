@@ -27,11 +27,12 @@ from neocfg.data.source import make_source
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
-from neocfg.runtime.dist import Comm, Stopwatch, StepTimes
-from neocfg.runtime.dlrm import build_dense, make_dense_optimizer
+from neocfg.runtime.dist import Comm
+from neocfg.runtime.dlrm import build_dense, dense_autocast, make_dense_optimizer, set_matmul_precision
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.metrics import evaluate
+from neocfg.runtime.timing import StepTimes, Stopwatch
 
 # Steps left out of the timing averages (first-touch allocation, thread pools warming up).
 WARMUP_STEPS = 2
@@ -51,10 +52,12 @@ class RankResult:
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
+    """Host batch -> device, asynchronously: non_blocking copies from pinned memory (the synthetic source pins in
+    its prefetch thread; anything else is pinned here)."""
     if device.type == "cpu":
         return batch
-    return Batch(*(x.to(device, non_blocking=True) for x in (batch.dense, batch.lengths, batch.values, batch.labels,
-                                                             batch.sample_ids)))
+    parts = (batch.dense, batch.lengths, batch.values, batch.labels, batch.sample_ids)
+    return Batch(*(x.to(device, non_blocking=True) for x in (p if p.is_pinned() else p.pin_memory() for p in parts)))
 
 
 def _fault_step(rank: int, kind: str = "kill") -> Optional[int]:
@@ -76,16 +79,17 @@ class Trainer:
         timeout = datetime.timedelta(seconds=cfg.train.collective_timeout_s)
         group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         self.comm = Comm(group=group, rank=self.rank, world=self.world, timeout=timeout)
-        self.sw = Stopwatch(device)
+        self.sw = Stopwatch(device, profile=cfg.train.profile)
         tc = cfg.train
         self.layout = build_layout(plan, cfg.model, self.rank)
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed)
         self.dense = build_dense(cfg.model, tc.seed, device)
+        set_matmul_precision(tc.dense_precision, device)
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None)
         self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
         self.source = make_source(cfg, self.rank, self.world, sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi),
-                                  share=self._share)
+                                  share=self._share, pin_memory=device.type == "cuda")
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
@@ -131,8 +135,9 @@ class Trainer:
             batch = to_device(self.source.next_batch(), self.device)
         pooled = self.emb(batch)
         t_dense = sw.now()
-        logits = self.ddp(batch.dense, pooled)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        with dense_autocast(self.cfg.train.dense_precision, self.device):
+            logits = self.ddp(batch.dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
         self.opt.zero_grad(set_to_none=True)
         sw.grad_arrival = None
         t_bwd = sw.now()
@@ -140,14 +145,15 @@ class Trainer:
         t_end_bwd = sw.now()
         self.opt.step()
         t_end = sw.now()
-        times = sw.times
         # The TBEs' backward (with the fused update) starts when the pooled-output gradient reaches them and, with
         # the bottom MLP's backward possibly interleaved, ends with backward.
-        times.emb_bwd = (t_end_bwd - sw.grad_arrival) * 1e3 if sw.grad_arrival else 0.0
+        if sw.grad_arrival is not None:
+            sw.span("emb_bwd", sw.grad_arrival, t_end_bwd)
         # Dense: forward, backward (with DDP's all-reduce) and the optimizer step, less what the embeddings took.
-        times.dense = (t_end - t_dense) * 1e3 - times.comm_bwd - times.emb_bwd
-        times.total = (t_end - t0) * 1e3
-        return loss.detach(), times
+        sw.span("dense", t_dense, t_end)
+        sw.subtract("dense", "comm_bwd", "emb_bwd")
+        sw.span("total", t0, t_end)
+        return loss.detach(), sw.times
 
     @torch.no_grad()
     def predict(self, batches: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +163,8 @@ class Trainer:
         logits, labels = [], []
         for _ in range(batches):
             batch = to_device(source.next_batch(), self.device)
-            logits.append(self.ddp.module(batch.dense, self.emb(batch)))
+            with dense_autocast(self.cfg.train.dense_precision, self.device):
+                logits.append(self.ddp.module(batch.dense, self.emb(batch)).float())
             labels.append(batch.labels)
         self.ddp.train()
         source.close()
@@ -227,6 +234,7 @@ class Trainer:
     def _report(self, new_losses, timed, t_start, t_timed, t_end, ev, resumed_from) -> RankResult:
         tc, world = self.cfg.train, self.world
         steps_run = len(new_losses)
+        self.sw.resolve()   # CUDA: the steps' event times (one synchronize); nothing on CPU
         mean = StepTimes()
         for t in timed:
             for k, v in asdict(t).items():

@@ -1,0 +1,121 @@
+"""Per-step time accounting of one rank: categories of milliseconds (StepTimes) and the Stopwatch that fills them.
+
+On a CPU rank every mark is the host clock and a lap is counted when it ends. On a GPU the work is asynchronous:
+host clocks would time the launches, and a `torch.cuda.synchronize()` per lap (what the first version did) removes
+all overlap of copies, collectives and kernels. So on CUDA a mark is a CUDA event recorded on the current stream
+and laps are resolved later, from `Event.elapsed_time`, with one synchronize when the run reports (`resolve()`).
+`train.profile=true` synchronizes at every mark instead (exact attribution per category, no overlap): for
+profiling, not for throughput.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+
+
+@dataclass
+class StepTimes:
+    """Milliseconds spent per category during one step on this rank."""
+
+    data_wait: float = 0.0
+    emb_fwd: float = 0.0
+    emb_bwd: float = 0.0
+    comm_input: float = 0.0
+    comm_fwd: float = 0.0
+    comm_bwd: float = 0.0
+    dense: float = 0.0
+    total: float = 0.0
+
+    def add(self, name: str, ms: float) -> None:
+        setattr(self, name, getattr(self, name) + ms)
+
+
+# A point in time: the host clock (seconds), or a CUDA event recorded on the current stream.
+Mark = Union[float, "torch.cuda.Event"]
+
+
+@dataclass
+class _Pending:
+    """Laps and derived terms of one step whose CUDA events have not been read yet."""
+
+    times: StepTimes
+    laps: list[tuple[str, "torch.cuda.Event", "torch.cuda.Event"]] = field(default_factory=list)
+    less: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
+
+
+class Stopwatch:
+    """`with sw("comm_fwd"):` adds the block's time to sw.times.comm_fwd; sw.span(name, a, b) adds b - a."""
+
+    def __init__(self, device: torch.device, profile: bool = False) -> None:
+        self.events = device.type == "cuda" and not profile
+        self.sync = device.type == "cuda" and profile
+        self._pending: list[_Pending] = []
+        self.times = StepTimes()
+        # When the pooled-output gradient reached the fused TBEs in the last backward (set by the embeddings).
+        self.grad_arrival: Optional[Mark] = None
+
+    @property
+    def times(self) -> StepTimes:
+        return self._times
+
+    @times.setter
+    def times(self, value: StepTimes) -> None:
+        """A new step: its laps go to `value` (filled at once on CPU, at resolve() with CUDA events)."""
+        self._times = value
+        if self.events:
+            self._pending.append(_Pending(value))
+
+    def now(self) -> Mark:
+        if self.events:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def span(self, name: str, start: Mark, end: Mark) -> None:
+        if self.events:
+            self._pending[-1].laps.append((name, start, end))
+        else:
+            self._times.add(name, (end - start) * 1e3)
+
+    def subtract(self, name: str, *parts: str) -> None:
+        """name -= the sum of parts (for a span that contains them), applied after this step's laps."""
+        if self.events:
+            self._pending[-1].less.append((name, parts))
+        else:
+            self._times.add(name, -sum(getattr(self._times, p) for p in parts))
+
+    def resolve(self) -> None:
+        """Fill every step's times from its CUDA events (one synchronize); nothing to do on CPU."""
+        if not self._pending:
+            return
+        torch.cuda.synchronize()
+        for p in self._pending:
+            for name, start, end in p.laps:
+                p.times.add(name, start.elapsed_time(end))
+            for name, parts in p.less:
+                p.times.add(name, -sum(getattr(p.times, q) for q in parts))
+        self._pending = [_Pending(self._times)]   # laps of the current step still to come
+
+    def __call__(self, name: str) -> "_Lap":
+        return _Lap(self, name)
+
+
+@dataclass
+class _Lap:
+    sw: Stopwatch
+    name: str
+    t0: Mark = 0.0
+
+    def __enter__(self) -> None:
+        self.t0 = self.sw.now()
+
+    def __exit__(self, *exc) -> None:
+        self.sw.span(self.name, self.t0, self.sw.now())
+

@@ -1,0 +1,116 @@
+"""GPU readiness, the parts a CPU can check: the stopwatch's CUDA-event mode (no synchronize per lap), the dense
+precision (planner rate and bf16 autocast), and the one-line error for a multi-node preset without torchrun."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from conftest import compose_cfg
+from neocfg.planner.costs import dense_cost
+from neocfg.runtime.dlrm import build_dense, dense_autocast
+from neocfg.runtime.timing import StepTimes, Stopwatch
+from neocfg.types import DensePrecision
+
+
+def test_cpu_stopwatch_counts_laps_and_subtracts_contained_parts():
+    sw = Stopwatch(torch.device("cpu"))
+    sw.times = StepTimes()
+    sw.span("dense", 1.0, 1.010)
+    sw.span("comm_bwd", 2.0, 2.002)
+    sw.subtract("dense", "comm_bwd")
+    with sw("emb_fwd"):
+        pass
+    assert sw.times.dense == pytest.approx(8.0) and sw.times.comm_bwd == pytest.approx(2.0)
+    assert 0 <= sw.times.emb_fwd < 50
+
+
+class _FakeEvent:
+    """Stands in for torch.cuda.Event: records a fake device clock; elapsed_time only after a synchronize."""
+
+    clock = 0.0
+    synced = False
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t = None
+
+    def record(self) -> None:
+        _FakeEvent.clock += 1.0
+        self.t = _FakeEvent.clock
+
+    def elapsed_time(self, end: "_FakeEvent") -> float:
+        assert _FakeEvent.synced, "an event was read before the device was synchronized"
+        return end.t - self.t
+
+
+def test_cuda_stopwatch_records_events_and_synchronizes_once_at_resolve(monkeypatch):
+    syncs = []
+
+    def synchronize():
+        syncs.append(1)
+        _FakeEvent.synced = True
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    _FakeEvent.synced = False
+    sw = Stopwatch(torch.device("cuda", 0))
+    steps = []
+    for _ in range(3):
+        sw.times = StepTimes()
+        t0 = sw.now()
+        with sw("comm_bwd"):      # 2 fake ms
+            sw.now()
+        sw.span("dense", t0, sw.now())   # 4 fake ms, of which comm_bwd 2
+        sw.subtract("dense", "comm_bwd")
+        steps.append(sw.times)
+    assert syncs == [] and steps[0].dense == 0.0      # nothing read yet: no synchronize per lap
+    sw.resolve()
+    assert syncs == [1]
+    assert [(s.comm_bwd, s.dense) for s in steps] == [(2.0, 2.0)] * 3
+
+
+def test_cuda_stopwatch_with_profile_synchronizes_at_every_mark(monkeypatch):
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(1))
+    sw = Stopwatch(torch.device("cuda", 0), profile=True)
+    sw.times = StepTimes()
+    with sw("emb_fwd"):
+        pass
+    assert len(syncs) == 2 and sw.times.emb_fwd >= 0
+
+
+def test_planner_dense_rate_follows_dense_precision():
+    def fwd_ms(precision: str) -> float:
+        cfg = compose_cfg(["hardware=zionex_1node", "model=criteo_kaggle", f"train.dense_precision={precision}"])
+        # the GEMM part of the forward, without the fixed per-kernel cost
+        zero = dataclasses.replace(cfg, hardware=dataclasses.replace(
+            cfg.hardware, device=dataclasses.replace(cfg.hardware.device, kernel_overhead_us=0.0)))
+        return dense_cost(zero).perf.fwd_compute
+
+    hw = compose_cfg(["hardware=zionex_1node"]).hardware.device
+    assert fwd_ms("fp32") / fwd_ms("tf32") == pytest.approx(hw.peak_tflops_tf32 / hw.peak_tflops)
+    assert fwd_ms("tf32") / fwd_ms("bf16") == pytest.approx(hw.peak_tflops_bf16 / hw.peak_tflops_tf32)
+    # cpu_local has no tensor cores: every precision is rated at its fp32 peak
+    cpu = compose_cfg(["hardware=cpu_local"]).hardware.device
+    assert {cpu.peak_tflops_at(p) for p in DensePrecision} == {cpu.peak_tflops}
+
+
+def test_bf16_autocast_runs_the_dense_part_in_bfloat16():
+    cfg = compose_cfg([])
+    dense = build_dense(cfg.model, 0, torch.device("cpu"))
+    x = torch.randn(4, cfg.model.num_dense_features)
+    pooled = torch.randn(4, sum(cfg.model.embedding_dims))
+    with dense_autocast(DensePrecision.bf16, torch.device("cpu")):
+        assert dense(x, pooled).dtype is torch.bfloat16
+    with dense_autocast(DensePrecision.tf32, torch.device("cpu")):
+        assert dense(x, pooled).dtype is torch.float32
+
+
+def test_multi_node_preset_without_torchrun_says_how_to_launch(cli):
+    r = cli("mode=train", "hardware=zionex_2node", "model=dlrm_tiny")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "torchrun --nnodes 2 --nproc-per-node 8" in lines[0] and "hardware=zionex_2node" in lines[0]
