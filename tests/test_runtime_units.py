@@ -11,7 +11,7 @@ from conftest import compose_cfg
 from neocfg.runtime.embedding import init_rows
 from neocfg.runtime.layout import OutputKind, build_layout
 from neocfg.runtime.metrics import auc, evaluate
-from neocfg.runtime.plans import even_splits, rule_plan
+from neocfg.runtime.plans import rule_plan
 from neocfg.types import ShardingType as S
 
 
@@ -28,11 +28,6 @@ def test_normalized_entropy_of_the_base_rate_is_one():
     y = torch.tensor([0.0, 1.0, 0.0, 0.0])
     m = evaluate(torch.full((4,), math.log(0.25 / 0.75)), y)
     assert m.ne == pytest.approx(1.0) and m.ctr == 0.25
-
-
-def test_even_splits():
-    assert even_splits(10, 3) == [(0, 4), (4, 3), (7, 3)]
-    assert even_splits(16, 3, align=4) == [(0, 8), (8, 4), (12, 4)]
 
 
 def test_init_is_the_same_however_a_table_is_cut():

@@ -8,29 +8,20 @@ from typing import Sequence
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
-from neocfg.planner.costs import CostModel, DenseCost, ceil_div
+from neocfg.planner.costs import CostModel, DenseCost
 from neocfg.planner.types import Perf, Placement, SolveResult
+from neocfg.sharding import SCHEMES
 from neocfg.types import MemoryTier, ShardingType
 
 
-def row_ranges(num_rows: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous (offset, count) ranges, ceil split (TorchRec's block size), covering [0, num_rows)."""
-    block = ceil_div(num_rows, parts)
-    return [(min(i * block, num_rows), max(0, min(block, num_rows - i * block))) for i in range(parts)]
-
-
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
-    n, d = table.num_embeddings, table.embedding_dim
+    """The sharding type's geometry (neocfg.sharding) over the placement's ranks, listed in rank order (CW/TWCW:
+    slice i stays on ranks[i]; without fixed ranks ascending ranks get ascending column ranges)."""
     s, ranks = placement.option.sharding, placement.ranks
-    if s in (ShardingType.row_wise, ShardingType.table_row_wise):
-        return tuple(Shard(r, off, cnt, 0, d) for r, (off, cnt) in zip(ranks, row_ranges(n, len(ranks))))
-    if s in (ShardingType.column_wise, ShardingType.table_column_wise):
-        if placement.option.fixed_ranks is None:
-            ranks = tuple(sorted(ranks))  # identical slices: ascending ranks get ascending column ranges
-        width = d // len(ranks)
-        slices = [Shard(r, 0, n, i * width, width) for i, r in enumerate(ranks)]
-        return tuple(sorted(slices, key=lambda s: s.rank))  # listed in rank order (slice i stays on ranks[i])
-    return tuple(Shard(r, 0, n, 0, d) for r in sorted(ranks))
+    if s in (ShardingType.column_wise, ShardingType.table_column_wise) and placement.option.fixed_ranks is None:
+        ranks = tuple(sorted(ranks))
+    shards = SCHEMES[s].shards(table.num_embeddings, table.embedding_dim, ranks)
+    return tuple(sorted(shards, key=lambda x: x.rank))
 
 
 def device_perf(cost: CostModel, placements: Sequence[Placement]) -> list[Perf]:

@@ -30,6 +30,7 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.planner.types import Perf, Storage, Topology
+from neocfg.sharding import SCHEMES, IDS_COLLECTIVES, PieceShape, ceil_div, embedding_collectives
 from neocfg.types import (DenseOptimizer, Interaction, MemoryTier, ShardingType, SparseOptimizer, WeightsDtype)
 
 GIB = 1024**3
@@ -65,20 +66,6 @@ def zipf_hit_rate(num_rows: int, alpha: float, cache_ratio: float) -> float:
     if cached >= num_rows:
         return 1.0
     return generalized_harmonic(cached, alpha) / generalized_harmonic(num_rows, alpha)
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(frozen=True)
-class PieceShape:
-    """What one device holds of a table and how many of its lookups it serves."""
-
-    rows: int                 # rows held (the largest shard for row splits)
-    cols: int                 # columns held
-    lookup_rows: float        # rows gathered per step on this device
-    output_samples: float     # samples whose pooled vectors this device produces (before any reduction)
 
 
 @dataclass(frozen=True)
@@ -204,71 +191,18 @@ class CostModel:
         return Perf(fwd_compute=fwd, bwd_compute=fwd * self.consts.bwd_compute_multiplier)
 
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
-        c = self.consts
-        copy = self.exchange_copy_ms_per_byte   # host copies around each exchanged byte (0 unless configured)
-        a2a = self.a2a_ms_per_byte() + copy
-        ids = shape.lookup_rows * c.id_bytes * a2a
-        fb, bb = self.a2a_fwd_bytes, self.a2a_bwd_bytes
-        if sharding in (ShardingType.table_wise, ShardingType.column_wise, ShardingType.table_column_wise):
-            out = shape.output_samples * shape.cols * a2a
-            return Perf(fwd_comm=ids + out * fb, bwd_comm=out * bb)
-        if sharding is ShardingType.row_wise:
-            # partial pooled sums of every sample, reduce-scattered (fwd) / all-gathered (bwd) over the world
-            rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte() + copy)
-            return Perf(fwd_comm=ids + rs * fb, bwd_comm=rs * bb)
-        if sharding is ShardingType.table_row_wise:
-            # reduce-scatter within the node, then the node's reduced outputs all-to-all to their samples' owners
-            rs = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte(within_node=True) + copy)
-            out = shape.output_samples / self.topo.devices_per_node * shape.cols * a2a
-            return Perf(fwd_comm=ids + (rs + out) * fb, bwd_comm=(rs + out) * bb)
-        # data parallel as neocfg.runtime executes it (fused optimizers give no dense gradient to all-reduce): the
-        # id exchange brings every replica the global batch's ids, each looks them all up and keeps its own samples,
-        # and the output gradients are all-gathered backward so every replica applies the same fused update.
-        ag = shape.output_samples * shape.cols * (self.reduce_scatter_ms_per_byte() + copy)
-        return Perf(fwd_comm=ids, bwd_comm=ag * bb)
+        """Ids in, outputs out, gradients back: the sharding type's own terms (neocfg.sharding)."""
+        return SCHEMES[sharding].comm(self, shape)
 
     # ---- pieces ------------------------------------------------------------------------------------------
     def shape(self, table: TableConfig, sharding: ShardingType, num_pieces: int) -> PieceShape:
-        n, d, L = table.num_embeddings, table.embedding_dim, table.pooling_factor
-        g, b, p = self.global_batch, self.batch_size, self.topo.devices_per_node
-        if sharding is ShardingType.table_wise:
-            return PieceShape(rows=n, cols=d, lookup_rows=g * L, output_samples=g)
-        if sharding in (ShardingType.column_wise, ShardingType.table_column_wise):
-            return PieceShape(rows=n, cols=d // num_pieces, lookup_rows=g * L, output_samples=g)
-        if sharding is ShardingType.row_wise:
-            return PieceShape(rows=ceil_div(n, self.topo.world), cols=d, lookup_rows=b * L, output_samples=g)
-        if sharding is ShardingType.table_row_wise:
-            return PieceShape(rows=ceil_div(n, p), cols=d, lookup_rows=g * L / p, output_samples=g)
-        return PieceShape(rows=n, cols=d, lookup_rows=g * L, output_samples=g)  # data parallel: see comm()
+        return SCHEMES[sharding].piece_shape(self, table, num_pieces)
 
     def piece(self, table: TableConfig, sharding: ShardingType, tier: MemoryTier, dtype: WeightsDtype,
               num_pieces: int) -> tuple[Perf, Storage]:
         shape = self.shape(table, sharding, num_pieces)
         perf = self.compute(table, shape, tier, dtype) + self.comm(table, sharding, shape)
         return perf, self.storage(shape, tier, dtype, sharding)
-
-
-# Collectives neocfg.runtime.dist issues per step on the embedding process group (forward + backward).
-IDS_COLLECTIVES = 2                      # all-to-all of the id counts, then of the ids (every plan)
-OUTPUT_COLLECTIVES = {
-    ShardingType.table_wise: 2,          # pooled outputs all-to-all forward, their gradients backward
-    ShardingType.column_wise: 2,         # (TW, CW and TWCW share the one all-to-all each way)
-    ShardingType.table_column_wise: 2,
-    ShardingType.row_wise: 2,            # reduce-scatter of partial sums forward, all-gather backward
-    ShardingType.table_row_wise: 4,      # node reduce-scatter + cross-node all-to-all, and back
-    ShardingType.data_parallel: 1,       # local lookups forward, gradient all-gather backward
-}
-_SHARED_A2A = (ShardingType.table_wise, ShardingType.column_wise, ShardingType.table_column_wise)
-
-
-def embedding_collectives(shardings: Iterable[ShardingType]) -> int:
-    """Collectives per step of a plan whose tables use these sharding types (the runtime batches all tables of a
-    kind into one collective, so the count depends on the kinds present, not on the number of tables)."""
-    kinds = set(shardings)
-    n = IDS_COLLECTIVES
-    if kinds & set(_SHARED_A2A):
-        n += OUTPUT_COLLECTIVES[ShardingType.table_wise]
-    return n + sum(OUTPUT_COLLECTIVES[k] for k in kinds if k not in _SHARED_A2A)
 
 
 # ---- the dense part ---------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Input and output distribution of the sharded embeddings.
 
-Forward: the ids of every local sample go to the ranks that look them up (one all-to-all of lengths, one of
-values); the pooled outputs come back by all-to-all (TW/CW/TWCW/TWRW pieces), reduce-scatter (RW partial sums) and a
+Forward: the ids of every local sample go to the ranks that look them up (neocfg.runtime.routing); the pooled
+outputs come back by all-to-all (TW/CW/TWCW/TWRW pieces), reduce-scatter (RW partial sums) and a
 local slice (DP replicas). Backward runs the reverse collectives in EmbeddingExchange.backward, in a fixed order on
 every rank, on a process group of its own (so DDP's asynchronous all-reduces of the dense gradients never interleave
 with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2a_bwd_dtype.
@@ -10,13 +10,12 @@ with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 
-from neocfg.batch import Batch
 from neocfg.runtime.layout import Layout, OutputKind
 from neocfg.runtime.timing import StepTimes, Stopwatch  # noqa: F401  (re-exported)
 from neocfg.types import CommDtype
@@ -48,75 +47,6 @@ class Comm:
         out = piece.new_empty((self.world * piece.shape[0], *piece.shape[1:]))
         dist.all_gather_single(out, piece.contiguous(), group=self.group)
         return out.view(self.world, *piece.shape)
-
-
-# ---------------------------------------------------------------- ids: source ranks -> owner ranks
-
-
-@dataclass
-class LocalLookups:
-    """What this rank's TBE groups look up for one step: per group (indices, offsets); bags = world x B per feature."""
-
-    per_group: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-
-
-def route_ids(layout: Layout, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Lengths [sum_d F_d, B] and values for every destination's features, destination-major, plus the values
-    count per destination. Row-sharded features keep the ids in their row range, rebased to local rows."""
-    b = batch.batch_size
-    values_all, lengths_all = batch.values.long(), batch.lengths.long()   # fbgemm: indices and offsets alike
-    starts = [0]
-    for n in lengths_all.sum(dim=1).tolist():
-        starts.append(starts[-1] + n)
-    sample_of: dict[int, torch.Tensor] = {}   # table -> sample index of each id (row-sharded tables only)
-    lengths, values, counts = [], [], []
-    for r in layout.ranks:
-        count = 0
-        for s in r.features:
-            ids = values_all[starts[s.table]:starts[s.table + 1]]
-            if s.row_offset == 0 and s.num_rows == layout.rows[s.table]:
-                lengths.append(lengths_all[s.table])
-                values.append(ids)
-            else:
-                if s.table not in sample_of:
-                    sample_of[s.table] = torch.repeat_interleave(torch.arange(b, device=ids.device),
-                                                                 lengths_all[s.table])
-                mask = (ids >= s.row_offset) & (ids < s.row_offset + s.num_rows)
-                lengths.append(torch.bincount(sample_of[s.table][mask], minlength=b))
-                values.append(ids[mask] - s.row_offset)
-            count += values[-1].numel()
-        counts.append(count)
-    return (torch.stack(lengths) if lengths else lengths_all.new_zeros((0, b)),
-            torch.cat(values) if values else values_all.new_zeros(0), counts)
-
-
-def exchange_ids(layout: Layout, comm: Comm, batch: Batch) -> LocalLookups:
-    """Send every destination its features' ids; return this rank's lookups ordered for its TBE groups."""
-    b = batch.batch_size
-    lengths, values, counts = route_ids(layout, batch)
-    feats_per_rank = [len(r.features) for r in layout.ranks]
-    nf = feats_per_rank[layout.rank]
-    recv_len = comm.all_to_all(lengths.reshape(-1), [nf * b] * comm.world, [f * b for f in feats_per_rank])
-    recv_len = recv_len.view(comm.world, nf, b)
-    seg = recv_len.sum(dim=2)                                      # [W, F] ids per (source, feature)
-    recv_vals = comm.all_to_all(values, seg.sum(dim=1).tolist(), counts)
-    # Received order is (source, feature, sample); the TBE wants (feature, source, sample).
-    src_start = (torch.cumsum(seg.reshape(-1), 0) - seg.reshape(-1)).view(comm.world, nf)
-    seg_fs = seg.t().reshape(-1)
-    dst_start = torch.cumsum(seg_fs, 0) - seg_fs
-    total = int(seg_fs.sum())
-    pos = torch.arange(total, device=recv_vals.device) - torch.repeat_interleave(dst_start, seg_fs)
-    values_fs = recv_vals[torch.repeat_interleave(src_start.t().reshape(-1), seg_fs) + pos]
-    lengths_fs = recv_len.permute(1, 0, 2)                         # [F, W, B]
-    out, f0, v0 = LocalLookups(), 0, 0
-    for _, shards in layout.me.groups:
-        f1 = f0 + len(shards)
-        lens = lengths_fs[f0:f1].reshape(-1)
-        n = int(lens.sum())
-        offsets = torch.cat([lens.new_zeros(1), torch.cumsum(lens, 0)])
-        out.per_group.append((values_fs[v0:v0 + n], offsets))
-        f0, v0 = f1, v0 + n
-    return out
 
 
 # ---------------------------------------------------------------- pooled outputs: owners -> source ranks

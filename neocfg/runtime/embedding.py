@@ -13,8 +13,9 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from neocfg.batch import Batch
 from neocfg.config.train import TrainConfig
 from neocfg.errors import DataError
-from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch, exchange_ids
+from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
+from neocfg.runtime.routing import IdRouter
 from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
 
 FUSED_OPTIMIZERS = {
@@ -98,6 +99,7 @@ class ShardedEmbeddings(nn.Module):
                 w[:s.num_rows].copy_(init_rows(seed, s.table, layout.rows[s.table], layout.dims[s.table],
                                                s.row_offset, s.num_rows, s.col_offset, s.num_cols).to(w.dtype))
             self.tbes.append(tbe)
+        self.router = IdRouter(layout, batch_size, device)
         self.source_cols = [layout.source_columns(k).to(device) for k in OutputKind]
         self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch)
         for name in ("a2a_target", "rs_target", "dp_target", "hier_target"):
@@ -109,7 +111,7 @@ class ShardedEmbeddings(nn.Module):
             raise DataError(f"rank {self.comm.rank} got a batch of {batch.batch_size} samples; the exchange expects "
                             f"train.batch_size={b} on every rank and step")
         with sw("comm_input"):
-            lookups = exchange_ids(self.layout, self.comm, batch)
+            lookups = self.router.exchange(self.comm.group, batch)
         with sw("emb_fwd"):
             outs = [tbe(idx, off) for tbe, (idx, off) in zip(self.tbes, lookups.per_group)]
             if outs:

@@ -1,7 +1,9 @@
 """Who holds what: the plan turned into per-rank embedding shards, TBE groups and the column maps of the exchange.
 
 Every rank computes the layout of the whole world from the plan (deterministically), so senders know what each
-receiver expects and receivers know what each sender holds, without any metadata exchange.
+receiver expects and receivers know what each sender holds, without any metadata exchange. Each sharding type's
+geometry, routing and output kind come from its Scheme (neocfg/sharding/<type>.py); a plan whose shards are not
+its type's geometry is refused.
 
 How a table's pooled output returns to the rank whose samples it belongs to (OutputKind):
   all_to_all      TW, CW, TWCW and TWRW (and RW tables not spread over the whole world): every owner sends each
@@ -20,25 +22,14 @@ How a table's pooled output returns to the rank whose samples it belongs to (Out
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 
 import torch
 
 from neocfg.config.model import ModelConfig
 from neocfg.errors import ConfigError, DataError
 from neocfg.plan import Plan
-from neocfg.types import MemoryTier, ShardingType, WeightsDtype
-
-_ROW_SHARDED = (ShardingType.row_wise, ShardingType.table_row_wise)
-
-
-class OutputKind(Enum):
-    """The order of the members is the order of EmbeddingExchange's inputs."""
-
-    all_to_all = "all_to_all"
-    reduce_scatter = "reduce_scatter"
-    replicated = "replicated"
-    hierarchical = "hierarchical"
+from neocfg.sharding import SCHEMES, OutputKind, Routing
+from neocfg.types import MemoryTier, WeightsDtype
 
 
 @dataclass(frozen=True, order=True)
@@ -89,6 +80,7 @@ class Layout:
     rows: list[int]                     # per model table
     out_offsets: list[int]              # column of table t in the [B, sum(dims)] pooled output
     kinds: list[OutputKind]             # per model table
+    routings: list[Routing]             # per model table: how its ids reach its pieces
     ranks: list[RankLayout]
     devices_per_node: int = 1
     table_node: dict[int, int] = field(default_factory=dict)   # hierarchical tables: their node
@@ -111,6 +103,11 @@ class Layout:
     @property
     def total_dim(self) -> int:
         return sum(self.dims)
+
+    def table_holders(self, table: int) -> list[tuple[int, LocalShard]]:
+        """(rank, shard) of every piece of a table, in row then column order."""
+        held = [(r, s) for r, rl in enumerate(self.ranks) for s in rl.features if s.table == table]
+        return sorted(held, key=lambda x: (x[1].row_offset, x[1].col_offset, x[0]))
 
     def tables_of(self, kind: OutputKind) -> list[int]:
         return [t for t, k in enumerate(self.kinds) if k is kind]
@@ -145,20 +142,6 @@ class Layout:
         return torch.tensor(cols, dtype=torch.long)
 
 
-def _kind(sharding: ShardingType, shard_ranks: list[int], full_cols: bool, world: int,
-          devices_per_node: int) -> OutputKind:
-    if sharding is ShardingType.data_parallel:
-        return OutputKind.replicated
-    if sharding in _ROW_SHARDED and full_cols:
-        ranks = sorted(shard_ranks)
-        if ranks == list(range(world)):
-            return OutputKind.reduce_scatter
-        first = ranks[0]
-        if first % devices_per_node == 0 and ranks == list(range(first, first + devices_per_node)):
-            return OutputKind.hierarchical
-    return OutputKind.all_to_all
-
-
 def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
     """Check the plan against the model and the world, then place every shard."""
     world = plan.world_size
@@ -171,7 +154,7 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
                         f"re-plan (drop planner.plan_file)")
     ranks = [RankLayout() for _ in range(world)]
     grouped: list[dict[GroupKey, list[LocalShard]]] = [{} for _ in range(world)]
-    kinds = []
+    kinds, routings = [], []
     table_node: dict[int, int] = {}
     if world % plan.devices_per_node:
         raise DataError(f"plan world size {world} is not a multiple of devices_per_node {plan.devices_per_node}")
@@ -186,13 +169,19 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
         shard_ranks = [s.rank for s in tp.shards]
         if any(not 0 <= r < world for r in shard_ranks):
             raise DataError(f"plan table {tp.name} has a shard on a rank outside world size {world}")
-        full_cols = all(s.col_offset == 0 and s.num_cols == tp.embedding_dim for s in tp.shards)
-        kind = _kind(tp.sharding, shard_ranks, full_cols, world, plan.devices_per_node)
+        scheme = SCHEMES[tp.sharding]
+        wrong = scheme.check(tp.num_embeddings, tp.embedding_dim, tp.shards)
+        if wrong:
+            raise DataError(f"plan table {tp.name} ({tp.sharding.value}) has shards "
+                            f"{[(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in tp.shards]}, not "
+                            f"{tp.sharding.value}'s geometry: {wrong}; re-plan")
+        kind = scheme.output_kind(shard_ranks, world, plan.devices_per_node)
         if kind is OutputKind.hierarchical:
             table_node[t] = shard_ranks[0] // plan.devices_per_node
         if kind is OutputKind.replicated and sorted(shard_ranks) != list(range(world)):
             raise DataError(f"plan table {tp.name} is data_parallel but has no replica on every rank")
         kinds.append(kind)
+        routings.append(scheme.routing)
         key = GroupKey(tp.weights_dtype.value, tp.memory.value)
         for s in tp.shards:
             grouped[s.rank].setdefault(key, []).append(
@@ -202,5 +191,5 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
     dims = [t.embedding_dim for t in model.tables]
     offsets = [sum(dims[:t]) for t in range(len(dims))]
     return Layout(world=world, rank=rank, dims=dims, rows=[t.num_embeddings for t in model.tables],
-                  out_offsets=offsets, kinds=kinds, ranks=ranks, devices_per_node=plan.devices_per_node,
-                  table_node=table_node)
+                  out_offsets=offsets, kinds=kinds, routings=routings, ranks=ranks,
+                  devices_per_node=plan.devices_per_node, table_node=table_node)

@@ -1,8 +1,7 @@
 """Plans built by rule rather than by the planner: one sharding type (or a per-table mix) over given ranks.
 
 Used by the correctness tests (every sharding type on small worlds) and by benchmarks that pin a placement. Shard
-geometry follows neocfg.plan: CW slices are multiples of FBGEMM_DIM_ALIGN columns, RW/TWRW row ranges are as even
-as possible (the first `rows % n` shards get one extra row).
+geometry is the planner's: each sharding type's Scheme (neocfg.sharding) cuts the table.
 """
 
 from __future__ import annotations
@@ -11,37 +10,12 @@ from typing import Mapping, Optional, Sequence
 
 from neocfg.config.model import ModelConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
+from neocfg.sharding import SCHEMES
 from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
 
-# fbgemm's TBE kernels need embedding dims (and so column slices) that are multiples of 4.
-FBGEMM_DIM_ALIGN = 4
-
-
-def even_splits(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
-    """(offset, size) of `parts` consecutive pieces of `total` (sizes multiples of align, as even as possible)."""
-    units = total // align
-    base, extra = divmod(units, parts)
-    out, off = [], 0
-    for i in range(parts):
-        size = (base + (1 if i < extra else 0)) * align
-        out.append((off, size))
-        off += size
-    return out
-
-
 def table_shards(sharding: ShardingType, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
-    """Shards of one table placed on `ranks` (TW: ranks[0]; CW/TWCW: one column slice per rank;
-    RW/TWRW: one row range per rank; DP: a full replica per rank)."""
-    if sharding is ShardingType.table_wise:
-        return (Shard(ranks[0], 0, rows, 0, dim),)
-    if sharding in (ShardingType.column_wise, ShardingType.table_column_wise):
-        cols = even_splits(dim, len(ranks), FBGEMM_DIM_ALIGN)
-        return tuple(Shard(r, 0, rows, c0, n) for r, (c0, n) in zip(ranks, cols) if n > 0)
-    if sharding in (ShardingType.row_wise, ShardingType.table_row_wise):
-        return tuple(Shard(r, r0, n, 0, dim) for r, (r0, n) in zip(ranks, even_splits(rows, len(ranks))))
-    if sharding is ShardingType.data_parallel:
-        return tuple(Shard(r, 0, rows, 0, dim) for r in ranks)
-    raise ValueError(sharding)
+    """Shards of one table placed on `ranks`: the sharding type's own geometry (neocfg.sharding)."""
+    return SCHEMES[sharding].shards(rows, dim, ranks)
 
 
 def default_ranks(sharding: ShardingType, table_index: int, world: int, devices_per_node: int) -> list[int]:

@@ -1,0 +1,119 @@
+"""Id routing at scale: one rank of a 128-rank plan of prod_856, batch 256, one CPU thread (issue 9 item 1).
+
+Times neocfg.runtime.routing.IdRouter per step on rank 0 (fastest of --reps calls, median beside it):
+  route    the sender side (this rank's batch -> the payload for every destination, grouped by destination)
+  receive  the receiver side (every source's payload for this rank -> the TBE groups' indices and offsets); the
+           128 sources' batches are routed once beforehand (untimed) and only their part for this rank is kept
+and, side by side in the same run, the per-piece loop the router replaced (`legacy_route`, the sender side of
+neocfg before issue 9; --legacy-reps 0 skips it). Plans: every table table-wise (round robin), then the k largest
+tables row-wise over all 128 ranks (k = 10, 50, 100 by default) to show how time scales with the table pieces.
+
+    .venv/bin/python bench/bench_routing.py [--world 128] [--batch 256] [--rw 0,10,50,100] [--reps 10] [--out r.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import compose_cfg, emit  # noqa: E402
+
+from neocfg.batch import Batch  # noqa: E402
+from neocfg.data.synthetic import SyntheticData  # noqa: E402
+from neocfg.runtime.layout import Layout, build_layout  # noqa: E402
+from neocfg.runtime.plans import rule_plan  # noqa: E402
+from neocfg.runtime.routing import IdRouter  # noqa: E402
+from neocfg.types import ShardingType  # noqa: E402
+
+
+def legacy_route(layout: Layout, batch: Batch) -> int:
+    """The sender side before issue 9: a Python loop over destinations x table pieces; each row-wise piece scans
+    all of its table's ids. Returns the ids routed."""
+    b = batch.batch_size
+    values_all, lengths_all = batch.values.long(), batch.lengths.long()
+    starts = [0]
+    for n in lengths_all.sum(dim=1).tolist():
+        starts.append(starts[-1] + n)
+    sample_of: dict[int, torch.Tensor] = {}
+    lengths, values = [], []
+    for r in layout.ranks:
+        for s in r.features:
+            ids = values_all[starts[s.table]:starts[s.table + 1]]
+            if s.row_offset == 0 and s.num_rows == layout.rows[s.table]:
+                lengths.append(lengths_all[s.table])
+                values.append(ids)
+            else:
+                if s.table not in sample_of:
+                    sample_of[s.table] = torch.repeat_interleave(torch.arange(b), lengths_all[s.table])
+                mask = (ids >= s.row_offset) & (ids < s.row_offset + s.num_rows)
+                lengths.append(torch.bincount(sample_of[s.table][mask], minlength=b))
+                values.append(ids[mask] - s.row_offset)
+    torch.stack(lengths)
+    return int(torch.cat(values).numel())
+
+
+def _ms(fn, reps: int) -> tuple[float, float]:
+    """(fastest, median) milliseconds of reps calls; the fastest is the least disturbed by other processes."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="prod_856")
+    ap.add_argument("--world", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--rw", default="0,10,50,100", help="numbers of largest tables made row-wise")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--legacy-reps", type=int, default=2)
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    model = compose_cfg([f"model={a.model}"]).model
+    data = SyntheticData.for_model(model, seed=0)
+    print(f"generating {a.world} batches of {a.batch} ({len(model.tables)} tables) ...", file=sys.stderr)
+    batches = [data.batch(r * a.batch, a.batch) for r in range(a.world)]
+    largest = sorted(range(len(model.tables)), key=lambda i: -model.tables[i].num_embeddings)
+    rows = []
+    for k in [int(x) for x in a.rw.split(",")]:
+        rw = {model.tables[i].name for i in largest[:k]}
+        sharding = {t.name: ShardingType.row_wise if t.name in rw else ShardingType.table_wise for t in model.tables}
+        plan = rule_plan(model, world=a.world, devices_per_node=8, batch_size=a.batch, sharding=sharding)
+        layouts = [build_layout(plan, model, r) for r in range(a.world)]
+        routers = [IdRouter(lay, a.batch, torch.device("cpu")) for lay in layouts]
+        me = routers[0]
+        pieces = sum(len(t.shards) for t in plan.tables)
+        # what rank 0 receives from every source (their routing is untimed setup)
+        recv_parts, recv_counts = [], []
+        for r, (router, bt) in enumerate(zip(routers, batches)):
+            routed = router.route(bt)
+            recv_parts.append(routed.payload.split(router.send_sizes(routed.counts).tolist())[0].clone())
+            recv_counts.append(routed.counts[0])
+            del routed
+        recv, counts = torch.cat(recv_parts), torch.stack(recv_counts)
+        route_ms, route_med = _ms(lambda: me.route(batches[0]), a.reps)
+        receive_ms, receive_med = _ms(lambda: me.receive(recv, counts, int(counts[:, 1].sum())), a.reps)
+        legacy_ms = _ms(lambda: legacy_route(layouts[0], batches[0]), a.legacy_reps)[0] if a.legacy_reps else None
+        row = {"row_wise_tables": k, "table_pieces_in_world": pieces, "ids_sent": int(batches[0].values.numel()),
+               "ids_received": int(counts.sum()), "route_ms": route_ms, "route_median_ms": route_med,
+               "receive_ms": receive_ms, "receive_median_ms": receive_med, "legacy_route_ms": legacy_ms,
+               "route_speedup_vs_legacy": (legacy_ms / route_ms) if legacy_ms else None}
+        rows.append(row)
+        print(f"rw={k:4d} pieces={pieces:6d} route {route_ms:7.2f} ms  receive {receive_ms:7.2f} ms  legacy route "
+              f"{legacy_ms if legacy_ms is not None else float('nan'):8.1f} ms", file=sys.stderr)
+    emit({"model": a.model, "world": a.world, "batch": a.batch, "threads": 1, "rank": 0, "rows": rows}, a.out)
+
+
+if __name__ == "__main__":
+    main()

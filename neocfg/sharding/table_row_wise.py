@@ -1,0 +1,26 @@
+"""table_row_wise: one row range on every rank of one node; partial sums are reduce-scattered inside the node, then
+sent across nodes by an all-to-all among the ranks with the same local index (the two-level exchange)."""
+
+from __future__ import annotations
+
+from neocfg.planner.types import Perf
+from neocfg.sharding.base import OutputKind, PieceShape, ceil_div
+from neocfg.sharding.row_wise import RowSplit
+from neocfg.types import ShardingType
+
+
+class TableRowWise(RowSplit):
+    sharding = ShardingType.table_row_wise
+    kind = OutputKind.hierarchical
+
+    def piece_shape(self, cost, table, num_pieces: int) -> PieceShape:
+        p = cost.topo.devices_per_node
+        return PieceShape(rows=ceil_div(table.num_embeddings, p), cols=table.embedding_dim,
+                          lookup_rows=cost.global_batch * table.pooling_factor / p, output_samples=cost.global_batch)
+
+    def comm(self, cost, shape: PieceShape) -> Perf:
+        copy = cost.exchange_copy_ms_per_byte
+        rs = shape.output_samples * shape.cols * (cost.reduce_scatter_ms_per_byte(within_node=True) + copy)
+        out = shape.output_samples / cost.topo.devices_per_node * shape.cols * (cost.a2a_ms_per_byte() + copy)
+        return Perf(fwd_comm=self.ids_ms(cost, shape) + (rs + out) * cost.a2a_fwd_bytes,
+                    bwd_comm=(rs + out) * cost.a2a_bwd_bytes)
