@@ -77,13 +77,17 @@ def main() -> None:
     ap.add_argument("--rw", default="0,10,50,100", help="numbers of largest tables made row-wise")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--legacy-reps", type=int, default=2)
+    ap.add_argument("--distinct-batches", type=int, default=8,
+                    help="source ranks cycle through this many generated batches (generation is the slow part)")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(1)
     model = compose_cfg([f"model={a.model}"]).model
     data = SyntheticData.for_model(model, seed=0)
-    print(f"generating {a.world} batches of {a.batch} ({len(model.tables)} tables) ...", file=sys.stderr)
-    batches = [data.batch(r * a.batch, a.batch) for r in range(a.world)]
+    n = min(a.distinct_batches, a.world)
+    print(f"generating {n} batches of {a.batch} ({len(model.tables)} tables) ...", file=sys.stderr)
+    distinct = [data.batch(r * a.batch, a.batch) for r in range(n)]
+    batches = [distinct[r % n] for r in range(a.world)]
     largest = sorted(range(len(model.tables)), key=lambda i: -model.tables[i].num_embeddings)
     rows = []
     for k in [int(x) for x in a.rw.split(",")]:
