@@ -43,7 +43,7 @@ def test_auto_turns_planned_hosts_into_local_processes_or_ray_actors():
     wc = worker_count(cfg.dsi, world_size=2, sizing=sizing, backend=DppBackendKind.local, cpus=2)
     assert wc.per_service == 1 and "this machine has 2 cores for 2 ranks" in wc.note and wc.warning == ""
     wc = worker_count(cfg.dsi, world_size=2, sizing=sizing, backend=DppBackendKind.ray)
-    assert (wc.total, wc.per_service) == (2, 2) and "2 Ray worker actors of 64 CPUs each" in wc.note
+    assert (wc.total, wc.per_service) == (2, 2) and "2 Ray worker actor(s) of 64 CPUs each" in wc.note
 
 
 def test_auto_without_a_sizing_estimates():

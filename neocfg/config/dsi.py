@@ -164,8 +164,6 @@ class DsiConfig:
         checks.positive(f"{key}.max_workers", self.max_workers)
         checks.in_range(f"{key}.autoscale_factor", self.autoscale_factor, 1.0, 100.0)
         self.ray.check(f"{key}.ray")
-        if self.backend is DppBackendKind.ray:  # TEMP until the Ray backend lands
-            raise ConfigError(f"{key}.backend", "ray", "is not available yet; use local or inline")
         checks.positive(f"{key}.preprocess_cpu_us_per_sample", self.preprocess_cpu_us_per_sample)
         checks.positive(f"{key}.bytes_read_per_sample", self.bytes_read_per_sample)
         checks.positive(f"{key}.tensor_bytes_per_sample", self.tensor_bytes_per_sample)

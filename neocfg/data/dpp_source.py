@@ -29,7 +29,7 @@ from neocfg.data.dpp.service import DppService, make_backend
 from neocfg.data.dpp.sizing import PlannedDpp, WorkerCount, WorkerCountSource, worker_count
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.data.transforms import bind
-from neocfg.errors import DataError
+from neocfg.errors import ConfigError, DataError
 from neocfg.types import DppBackendKind
 
 # Key of the DPP position inside state_dict().
@@ -147,10 +147,15 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
                          scope=scope)
     if not job_wide:
         return DppSource(setup, kind, workers)
-    from neocfg.data.dpp.ray_backend import connect
+    try:
+        from neocfg.data.dpp.ray_backend import connect
+    except ImportError as exc:
+        raise ConfigError("dsi.backend", "ray", f"needs Ray ({exc}); install it with pip install 'neocfg[ray]'") \
+            from None
 
-    options = connect(d, rank, share or (lambda x: x), sizing)
-    return DppSource(setup, kind, workers, client=rank, ray_options=options)
+    options, warning = connect(d, rank, share or (lambda x: x), sizing, per)
+    _say(rank, warning)
+    return DppSource(setup, kind, workers, client=rank, ray_options={"ray": options})
 
 
 def _warn_small_dataset(cfg: NeocfgConfig, rank: int, world_size: int, rows: int, eval: bool) -> None:

@@ -288,7 +288,8 @@ class Trainer:
             "data_stall_fraction": data["data_stall_fraction"],
             "samples_delivered": data.get("samples_delivered", 0),
             "duplicate_samples": data.get("duplicate_samples", 0),
-            "dpp": {"workers": data.get("dpp.workers", 0), "worker_restarts": data.get("dpp.worker_restarts", 0),
+            "dpp": {"backend": (gathered[0]["data"] or {}).get("dpp.backend"),
+                    "workers": data.get("dpp.workers", 0), "worker_restarts": data.get("dpp.worker_restarts", 0),
                     "bytes_read": data.get("dpp.bytes_read", 0)},
         }
         return RankResult(0, self.losses, metrics)

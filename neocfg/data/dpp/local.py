@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 from neocfg.data.dpp.backend import ClientReport, local_position, result_of
-from neocfg.data.dpp.master import DppStats, Master, Scale, ServiceSetup
+from neocfg.data.dpp.master import DppStats, Master, ServiceSetup, autoscale_step
 from neocfg.data.dpp.progress import Finished, Position, Task
 from neocfg.data.dpp.worker import Msg, SplitResult, worker_main
 from neocfg.errors import DataError
@@ -259,16 +259,8 @@ class LocalDppService:
                 pass  # dead; its sentinel fires next step and requeues the task
 
     def _autoscale(self) -> None:
-        active = [w for w in self.workers.values() if not w.retiring]
         with self.cond:
-            decision = self.master.scale(time.monotonic(), len(active), any(not w.ready for w in active))
-        if decision is Scale.add:
-            self._spawn()
-        elif decision is Scale.retire:
-            victim = next((w for w in active if w.task is None), active[-1])
-            victim.retiring = True
-            if victim.task is None:
-                self._retire_now(victim)
+            autoscale_step(self.master, time.monotonic(), list(self.workers.values()), self._spawn, self._retire_now)
 
     def _retire_now(self, w: _Worker) -> None:
         try:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, Optional, TypeVar
+from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
 from neocfg.data.dataset import Split
 from neocfg.data.dpp.progress import Finished, Position, RowRange, SplitMeta, SplitQueue, Task
@@ -102,6 +102,29 @@ class Scale(Enum):
 
 
 P = TypeVar("P")
+
+
+class WorkerSlot(Protocol):
+    """What a transport's worker record shows the scaling step."""
+
+    task: Optional[Task]
+    ready: bool
+    retiring: bool
+
+
+def autoscale_step(master: "Master", now: float, workers: list[Any], spawn: Callable[[], None],
+                   retire: Callable[[Any], None]) -> None:
+    """Ask the master for a scaling decision and carry it out with the transport's spawn/retire: a retired worker
+    is an idle one, or the last one once it finished its split."""
+    active = [w for w in workers if not w.retiring]
+    decision = master.scale(now, len(active), any(not w.ready for w in active))
+    if decision is Scale.add:
+        spawn()
+    elif decision is Scale.retire:
+        victim = next((w for w in active if w.task is None), active[-1])
+        victim.retiring = True
+        if victim.task is None:
+            retire(victim)
 
 
 class Master(Generic[P]):

@@ -13,13 +13,13 @@ from neocfg.types import DppBackendKind
 
 
 def make_backend(kind: DppBackendKind, setup: ServiceSetup, **options) -> DppBackend:
-    """`options` go to the Ray backend (RayOptions fields)."""
+    """`options`: ray=RayOptions for the Ray backend."""
     if kind is DppBackendKind.inline:
         return InlineDppService(setup)
     if kind is DppBackendKind.ray:
         from neocfg.data.dpp.ray_backend import RayDppService
 
-        return RayDppService(setup, **options)
+        return RayDppService(setup, options["ray"])
     from neocfg.data.dpp.local import LocalDppService
 
     return LocalDppService(setup)

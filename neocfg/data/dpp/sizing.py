@@ -84,7 +84,7 @@ def worker_count(dsi: DsiConfig, world_size: int, sizing: Optional[PlannedDpp] =
         per = min(sizing.hosts, cap)
         capped = f", at most dsi.max_workers={cap}" if sizing.hosts > cap else ""
         return WorkerCount(total=sizing.hosts, per_service=per, source=WorkerCountSource.planner,
-                           note=f"DPP: the plan sizes {sizing.shape} worker host(s) -> {per} Ray worker actors of "
+                           note=f"DPP: the plan sizes {sizing.shape} worker host(s) -> {per} Ray worker actor(s) of "
                                 f"{sizing.cores_per_host:g} CPUs each{capped}")
     processes = max(1, math.ceil(sizing.hosts * sizing.cores_per_host))
     want = math.ceil(processes / world_size)

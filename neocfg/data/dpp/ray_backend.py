@@ -1,0 +1,436 @@
+"""The Ray DPP backend (`dsi.backend=ray`): one master per job, workers on any host of a Ray cluster.
+
+  master   a named Ray actor (RayMaster, in namespace dsi.ray.namespace) created by rank 0 and found by name by every
+           rank's client; it runs the same policy as the local backend (neocfg/data/dpp/master.py) in a thread that
+           hands tasks to worker actors and waits on their results
+  workers  Ray actors (DppWorkerActor) with the CPUs and memory of the planned worker shape, scaled down with a
+           warning where the cluster has less; a worker that dies (ray.kill, a lost node) fails its task's result,
+           and the master requeues the task and starts a replacement, as the local backend does for processes
+  batches  a worker returns a split's metadata and its rows as two objects: the master reads only the metadata;
+           the rows stay in Ray's object store until the client that pulls the split fetches them
+  cluster  dsi.ray.address=null: rank 0 starts a local Ray for the run (shut down at the end) and shares its address
+           with the other ranks; "auto" or "ray://host:10001" joins a running cluster (`ray start --head`)
+
+Every split goes to exactly one client (rank) per epoch. A checkpoint is a barrier on the master: every rank reports
+the splits it finished and the ranges it still owes after the same step, and each gets the job's Position back
+(stored in every rank's checkpoint; a resumed job's master starts from it).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+import numpy as np
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+
+from neocfg.config.dsi import DsiConfig
+from neocfg.data.arrays import BatchArrays
+from neocfg.data.dpp.backend import ClientReport
+from neocfg.data.dpp.master import DppStats, Master, ServiceSetup, autoscale_step
+from neocfg.data.dpp.progress import Finished, Position, RowRange, Task
+from neocfg.data.dpp.sizing import PlannedDpp
+from neocfg.data.dpp.worker import Piece, SplitReader, SplitResult, WorkerSpec
+from neocfg.errors import DataError
+
+# A local Ray started for the run: no auth token prompt or file, no usage-stats prompt, no dashboard.
+LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# The master's loop wakes at least this often (seconds) to check timeouts, scaling and shutdown.
+TICK_S = 0.05
+# Concurrent calls into the master actor (clients blocked in pull, the checkpoint barrier, stats).
+MASTER_CONCURRENCY = 64
+# How long a rank's client looks for the master actor that rank 0 creates (seconds).
+FIND_MASTER_S = 120.0
+# How long rank 0 waits at close for the other ranks' clients to leave before it stops the service (seconds).
+LEAVE_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class WorkerResources:
+    """What one worker actor asks of the cluster."""
+
+    cpus: float
+    memory_bytes: int
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    namespace: str
+    master_name: str
+    owner: bool                  # this rank creates (and at the end removes) the master
+    resources: WorkerResources
+    client: int = 0              # this rank's client index
+    joined: bool = False         # connect() started or joined Ray in this process: shut it down (or leave) at close
+
+
+def start_local_ray(object_store_mb: int, num_cpus: Optional[int] = None, namespace: Optional[str] = None) -> str:
+    """Start a local Ray (no prompts, no dashboard); its address for other processes to join."""
+    for k, v in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    ctx = ray.init(num_cpus=num_cpus or os.cpu_count() or 1, object_store_memory=object_store_mb * 2**20,
+                   include_dashboard=False, namespace=namespace, logging_level=logging.WARNING,
+                   log_to_driver=False, configure_logging=True)
+    return ctx.address_info["gcs_address"]
+
+
+def join_ray(address: str, namespace: str) -> None:
+    for k, v in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(k, v)
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, log_to_driver=False)
+
+
+def fit_workers(sizing: Optional[PlannedDpp], workers: int, cluster: dict[str, float]
+                ) -> tuple[WorkerResources, str]:
+    """The planned shape's CPUs and memory per worker, scaled down (with a warning) to what the cluster has."""
+    want_cpus = sizing.cores_per_host if sizing else 1.0
+    want_mem = (sizing.memory_gib_per_host if sizing else 1.0) * 2**30
+    have_cpus, have_mem = cluster.get("CPU", 1.0), cluster.get("memory", want_mem * workers)
+    cpus = min(want_cpus, have_cpus / workers)
+    mem = min(want_mem, have_mem / workers)
+    if cpus >= want_cpus and mem >= want_mem:
+        return WorkerResources(cpus=want_cpus, memory_bytes=int(want_mem)), ""
+    cpus = max(math.floor(cpus * 100) / 100, 0.01)
+    what = sizing.shape.split(" x ")[-1] if sizing else "the default worker"
+    return WorkerResources(cpus=cpus, memory_bytes=int(mem)), (
+        f"warning: DPP worker shape {what} asks {want_cpus:g} CPUs and {want_mem / 2**30:g} GiB per worker; the Ray "
+        f"cluster has {have_cpus:g} CPUs and {have_mem / 2**30:.1f} GiB for {workers} workers: each gets {cpus:g} "
+        f"CPUs and {mem / 2**30:.1f} GiB")
+
+
+def connect(dsi: DsiConfig, rank: int, share: Callable[[Any], Any], sizing: Optional[PlannedDpp],
+            workers: int) -> tuple[RayOptions, str]:
+    """Collective over the ranks: rank 0 starts or joins Ray and names the job's master; every rank joins.
+    Returns this rank's options and rank 0's resource warning ('' elsewhere)."""
+    warning, info = "", None
+    if rank == 0:
+        if dsi.ray.address is None:
+            address = start_local_ray(dsi.ray.object_store_mb, namespace=dsi.ray.namespace)
+        else:
+            address = dsi.ray.address
+            join_ray(address, dsi.ray.namespace)
+        resources, warning = fit_workers(sizing, workers, ray.cluster_resources())
+        info = (address, f"neocfg-dpp-{uuid.uuid4().hex[:12]}", resources)
+    address, name, resources = share(info)
+    if rank != 0:
+        join_ray(address, dsi.ray.namespace)
+    return RayOptions(namespace=dsi.ray.namespace, master_name=name, owner=rank == 0, resources=resources,
+                      client=rank, joined=True), warning
+
+
+# ---------------------------------------------------------------------------------------------------- worker actor
+class DppWorker:
+    """A stateless worker: process one task, return (metadata or error, rows)."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.reader = SplitReader(spec)
+
+    def process(self, task: Task) -> tuple[Any, Optional[SplitResult]]:
+        try:
+            result = self.reader.process(task)
+        except DataError as exc:
+            return ("error", str(exc)), None
+        except Exception as exc:  # noqa: BLE001 - any failure on a split is that split's error
+            return ("error", f"{task.split.where}: {type(exc).__name__}: {exc}"), None
+        return result.meta(), result
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+DppWorkerActor = ray.remote(max_restarts=0)(DppWorker)
+
+
+# ---------------------------------------------------------------------------------------------------- master actor
+@dataclass
+class _Worker:
+    wid: int
+    handle: Any
+    ready_ref: Any = None          # the first call (pid): the worker is up once it returns
+    ready: bool = False
+    retiring: bool = False
+    task: Optional[Task] = None
+    meta_ref: Any = None
+    data_ref: Any = None
+
+
+class RayMasterImpl:
+    """The job's master: the Master policy, worker actors, and the clients' calls (threaded actor)."""
+
+    def __init__(self, setup: ServiceSetup, resources: WorkerResources) -> None:
+        self.setup, self.resources = setup, resources
+        self.master: Master[Any] = Master(setup)
+        self.cond = threading.Condition()
+        self.workers: dict[int, _Worker] = {}
+        self._next_wid = 0
+        self._stop = False
+        self._left: set[int] = set()
+        self._reports: dict[int, dict[int, ClientReport]] = {}
+        self._positions: dict[int, dict[str, Any]] = {}
+        with self.cond:
+            for _ in range(setup.workers):
+                self._spawn()
+        self._thread = threading.Thread(target=self._run, name="dpp-ray-master", daemon=True)
+        self._thread.start()
+
+    # ---- workers (the loop thread; self.cond held where the Master is touched) -----------------------------------
+    def _spawn(self) -> None:
+        wid = self._next_wid
+        self._next_wid += 1
+        handle = DppWorkerActor.options(num_cpus=self.resources.cpus, memory=self.resources.memory_bytes,
+                                        name=None).remote(self.setup.spec)
+        self.workers[wid] = _Worker(wid=wid, handle=handle, ready_ref=handle.pid.remote())
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    if self._stop:
+                        return
+                    self._assign()
+                refs = {}
+                for w in list(self.workers.values()):
+                    if not w.ready and w.ready_ref is not None:
+                        refs[w.ready_ref] = w
+                    elif w.meta_ref is not None:
+                        refs[w.meta_ref] = w
+                done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=TICK_S) if refs else ([], [])
+                if not refs:
+                    time.sleep(TICK_S)
+                for ref in done:
+                    self._finished(refs[ref], ref)
+                with self.cond:
+                    for wid in self.master.overdue(time.monotonic()):
+                        if wid in self.workers:
+                            ray.kill(self.workers[wid].handle, no_restart=True)  # its result fails: requeued
+                    self._autoscale()
+        except Exception as exc:  # noqa: BLE001 - reported to every client as one line
+            with self.cond:
+                self.master.fatal = self.master.fatal or f"DPP master failed: {type(exc).__name__}: {exc}"
+                self.cond.notify_all()
+
+    def _finished(self, w: _Worker, ref: Any) -> None:
+        if ref is w.ready_ref:
+            try:
+                ray.get(ref)
+                w.ready, w.ready_ref = True, None
+            except RayError as exc:
+                self._gone(w, _reason(exc))
+            return
+        try:
+            meta = ray.get(ref)
+        except RayError as exc:
+            self._gone(w, _reason(exc))
+            return
+        with self.cond:
+            if isinstance(meta, tuple):
+                self.master.failed(w.wid, w.task, meta[1])
+            else:
+                self.master.complete(w.wid, meta, w.data_ref)
+            w.task = w.meta_ref = w.data_ref = None
+            if w.retiring:
+                self._retire(w)
+            self.cond.notify_all()
+
+    def _gone(self, w: _Worker, reason: str) -> None:
+        with self.cond:
+            self.workers.pop(w.wid, None)
+            if w.retiring and w.task is None:
+                return
+            replace_it = self.master.lost(w.wid, reason)
+            if replace_it and not self._stop:
+                self._spawn()
+            self.cond.notify_all()
+
+    def _assign(self) -> None:
+        for w in self.workers.values():
+            if not w.ready or w.task is not None or w.retiring:
+                continue
+            task = self.master.lease(w.wid, time.monotonic(), len(self.workers))
+            if task is None:
+                self.cond.notify_all()  # clients may now see `finished` (or the fatal error)
+                return
+            w.task = task
+            w.meta_ref, w.data_ref = w.handle.process.options(num_returns=2).remote(task)
+
+    def _autoscale(self) -> None:
+        autoscale_step(self.master, time.monotonic(), list(self.workers.values()), self._spawn, self._retire)
+
+    def _retire(self, w: _Worker) -> None:
+        self.workers.pop(w.wid, None)
+        ray.kill(w.handle, no_restart=True)
+
+    # ---- clients (actor threads) -------------------------------------------------------------------------------
+    def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> tuple[str, Any, Any]:
+        """('split', meta, rows ref) | ('end', None, None) | ('error', message, None) | ('timeout', ...)."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            self.master.finish(finished)
+            while True:
+                try:
+                    got = self.master.take()
+                except DataError as exc:
+                    return "error", str(exc), None
+                if got is not None:
+                    self.cond.notify_all()  # room in the buffer
+                    return "split", got[0], got[1]
+                if self.master.finished:
+                    return "end", None, None
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    busy = sum(1 for w in self.workers.values() if w.task is not None)
+                    return "timeout", (f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
+                                       f"{len(self.workers)} Ray workers, {busy} splits in flight"), None
+                self.cond.wait(min(left, TICK_S))
+
+    def report_wait(self, client: int, seconds: float) -> None:
+        with self.cond:
+            self.master.report_wait(client, seconds)
+
+    def checkpoint(self, client: int, step: int, report: ClientReport, timeout_s: float) -> Optional[dict[str, Any]]:
+        """Barrier: once every client reported `step`, the job's Position (None on timeout)."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            self._reports.setdefault(step, {})[client] = report
+            self.master.finish(report[0])
+            self.cond.notify_all()
+            while step not in self._positions:
+                if len(self._reports[step]) == self.setup.num_clients:
+                    pending: list[RowRange] = []
+                    for c in sorted(self._reports[step]):
+                        pending += self._reports[step][c][1]
+                    self._positions = {step: self.master.position(pending).to_state()}
+                    self._reports = {s: r for s, r in self._reports.items() if s > step}
+                    self.cond.notify_all()
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self.cond.wait(min(left, TICK_S))
+            return self._positions[step]
+
+    def stats(self) -> DppStats:
+        with self.cond:
+            s = replace(self.master.counters)
+            s.workers = sum(1 for w in self.workers.values() if not w.retiring)
+            return s
+
+    def worker_handles(self, busy_only: bool = False) -> list[Any]:
+        with self.cond:
+            return [w.handle for w in self.workers.values() if w.task is not None or not busy_only]
+
+    def leave(self, client: int) -> None:
+        with self.cond:
+            self._left.add(client)
+            self.cond.notify_all()
+
+    def stop(self, wait_for: int, timeout_s: float) -> None:
+        """Wait (bounded) until `wait_for` other clients left, then stop every worker."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while len(self._left) < wait_for and time.monotonic() < deadline:
+                self.cond.wait(TICK_S)
+            self._stop = True
+            workers = list(self.workers.values())
+            self.workers.clear()
+        self._thread.join(timeout=2.0)
+        for w in workers:
+            ray.kill(w.handle, no_restart=True)
+
+
+RayMaster = ray.remote(num_cpus=0, max_concurrency=MASTER_CONCURRENCY, max_restarts=0)(RayMasterImpl)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+# ---------------------------------------------------------------------------------------------------- client side
+class RayDppService:
+    """A rank's view of the job-wide service (the DppBackend its client calls)."""
+
+    def __init__(self, setup: ServiceSetup, options: RayOptions) -> None:
+        self.setup, self.options = setup, options
+        self.master: Any = None
+        self._closed = False
+
+    def start(self) -> None:
+        o = self.options
+        if o.owner:
+            self.master = RayMaster.options(name=o.master_name, namespace=o.namespace).remote(self.setup, o.resources)
+            return
+        deadline = time.monotonic() + FIND_MASTER_S
+        while True:
+            try:
+                self.master = ray.get_actor(o.master_name, namespace=o.namespace)
+                return
+            except ValueError:
+                if time.monotonic() > deadline:
+                    raise DataError(f"DPP: no master actor {o.master_name!r} in Ray namespace {o.namespace!r} after "
+                                    f"{FIND_MASTER_S:.0f} s (rank 0 creates it)") from None
+                time.sleep(0.2)
+
+    def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> Optional[SplitResult]:
+        try:
+            kind, meta, ref = ray.get(self.master.pull.remote(client, timeout_s, finished), timeout=timeout_s + 60)
+        except (RayActorError, GetTimeoutError) as exc:
+            raise DataError(f"DPP: the job's master actor is gone ({_reason(exc)})") from None
+        if kind == "end":
+            return None
+        if kind != "split":
+            raise DataError(meta)
+        if ref is None:
+            return SplitResult.skipped_split(meta)
+        try:
+            result: SplitResult = ray.get(ref)
+        except RayError as exc:
+            raise DataError(f"DPP: lost the rows of {meta.task.split.where} ({_reason(exc)})") from None
+        # Object-store arrays are read-only views; the trainer gets its own, writable copies.
+        result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
+        return result
+
+    def report_wait(self, client: int, seconds: float) -> None:
+        self.master.report_wait.remote(client, seconds)
+
+    def position(self, step: int, reports: dict[int, ClientReport]) -> Position:
+        (client, report), = reports.items()
+        timeout = self.setup.limits.stall_timeout_s
+        state = ray.get(self.master.checkpoint.remote(client, step, report, timeout))
+        if state is None:
+            raise DataError(f"DPP: not every rank reported step {step} to the master within {timeout:.0f} s "
+                            f"(dsi.stall_timeout_s)")
+        return Position.from_state(state)
+
+    def stats(self) -> DppStats:
+        return ray.get(self.master.stats.remote())
+
+    def worker_handles(self, busy_only: bool = False) -> list[Any]:
+        return ray.get(self.master.worker_handles.remote(busy_only))
+
+    def close(self) -> None:
+        if self._closed or self.master is None:
+            return
+        self._closed = True
+        try:
+            if self.options.owner:
+                ray.get(self.master.stop.remote(self.setup.num_clients - 1, LEAVE_WAIT_S))
+                ray.kill(self.master, no_restart=True)
+            else:
+                ray.get(self.master.leave.remote(self.options.client), timeout=10)
+        except RayError:
+            pass
+        if self.options.joined:
+            ray.shutdown()
+
+
+def _copy(a: BatchArrays) -> BatchArrays:
+    return BatchArrays(dense=np.array(a.dense), lengths=np.array(a.lengths), values=np.array(a.values),
+                       labels=np.array(a.labels), sample_ids=np.array(a.sample_ids))
