@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from neocfg.config.schema import NeocfgConfig
-from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits
+from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
 from neocfg.data.dpp.client import DppClient, EndOfData
 from neocfg.data.dpp.worker import WorkerSpec
@@ -33,7 +33,7 @@ def make_dataset(path: Path, *extra: str) -> NeocfgConfig:
 def setup_for(cfg: NeocfgConfig, **kw) -> ServiceSetup:
     """A finite (one epoch) service over the training splits; keyword arguments override ServiceSetup fields,
     `extra_split_s` and `project` go to the WorkerSpec and `limits` may be a dict of ServiceLimits fields."""
-    directory = Path(cfg.dsi.path)
+    directory = resolve_location(cfg.dsi.path)
     cols = FeatureColumns.for_model(cfg.model)
     spec = WorkerSpec(columns=cols, transforms=tuple(bind(cfg.dsi.transforms, cols)),
                       batch_size=cfg.train.batch_size, extra_split_s=kw.pop("extra_split_s", 0.0),

@@ -17,6 +17,7 @@ import pytest
 
 from neocfg.config.model import TableConfig
 from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits
+from neocfg.data.dpp.client import EndOfData
 from neocfg.data.dpp.progress import Position
 from neocfg.data.dpp.service import DppService
 from neocfg.data.dpp.worker import SplitReader, WorkerSpec
@@ -329,3 +330,85 @@ def test_position_taken_before_the_first_batch_after_a_resume_keeps_what_is_owed
         rest = drain(svc.clients)
     ids = np.concatenate(first + rest)
     assert len(ids) == len(set(ids.tolist())) and set(ids.tolist()) == labeled_ids(Path(dataset.dsi.path))
+
+
+def _tracking_peak(cfg) -> tuple[int, int, int]:
+    """Drain one epoch (inline backend) and return the peak bytes held by the progress tracking (allocations made in
+    progress.py and master.py that are still alive, sampled every few batches), the peak tracking entries, and the
+    samples delivered."""
+    import tracemalloc
+
+    from neocfg.data.dpp import master as master_mod, progress as progress_mod
+
+    files = [tracemalloc.Filter(True, master_mod.__file__), tracemalloc.Filter(True, progress_mod.__file__)]
+    tracemalloc.start()
+    peak_bytes = peak_entries = delivered = 0
+    try:
+        with DppService(setup_for(cfg, max_epochs=1), DppBackendKind.inline) as svc:
+            c, n = svc.clients[0], 0
+            while True:
+                try:
+                    delivered += c.next_arrays().rows
+                except EndOfData:
+                    break
+                n += 1
+                if n % 5 == 0:
+                    snap = tracemalloc.take_snapshot().filter_traces(files)
+                    peak_bytes = max(peak_bytes, sum(s.size for s in snap.statistics("filename")))
+                    peak_entries = max(peak_entries, svc.backend.master.tracking_size() + c.tracker.size())
+    finally:
+        tracemalloc.stop()
+    return peak_bytes, peak_entries, delivered
+
+
+def test_exactly_once_tracking_memory_is_flat_in_the_number_of_samples(tmp_path):
+    """Same 12 splits, 10x more samples per split: the per-split tracking holds the same entries and no more bytes
+    (a per-sample id set, as before, grew by about 10 x 60 bytes per sample here)."""
+    small = make_dataset(tmp_path / "small", "dsi.num_samples=3000")
+    big = make_dataset(tmp_path / "big", "dsi.num_samples=30000")
+    b_small, e_small, n_small = _tracking_peak(small)
+    b_big, e_big, n_big = _tracking_peak(big)
+    assert n_big > 9 * n_small
+    assert e_big <= e_small + 2
+    assert b_big < b_small + 4096, (b_small, b_big)
+
+
+def _s3_copy(local: Path, monkeypatch) -> str:
+    """An S3-compatible server (moto, in this process) holding a copy of the dataset; its s3:// URI. Workers reach
+    it through AWS_ENDPOINT_URL, which pyarrow's S3 filesystem reads (and spawned workers inherit)."""
+    server_mod = pytest.importorskip("moto.server")
+    import pyarrow.fs as pafs
+
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    for k, v in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": f"http://{host}:{port}"}.items():
+        monkeypatch.setenv(k, v)
+    s3, _ = pafs.FileSystem.from_uri("s3://neocfg-test?allow_bucket_creation=true")
+    s3.create_dir("neocfg-test")
+    pafs.copy_files(str(local), "neocfg-test/ds", source_filesystem=pafs.LocalFileSystem(), destination_filesystem=s3)
+    return "s3://neocfg-test/ds"
+
+
+@pytest.mark.parametrize("scheme", ["path", "file", "s3"])
+def test_dataset_by_uri(dataset, scheme, monkeypatch):
+    """dsi.path as a local path, a file:// URI or an s3:// URI: the workers open the files through pyarrow.fs and
+    deliver every labeled sample exactly once."""
+    local = Path(dataset.dsi.path)
+    uri = {"path": str(local), "file": local.as_uri()}.get(scheme) or _s3_copy(local, monkeypatch)
+    cfg = small_cfg(uri)
+    with DppService(setup_for(cfg, workers=2)) as svc:
+        assert svc.setup.splits[0].path.startswith(uri)
+        ids = np.concatenate(drain(svc.clients))
+        stats = svc.stats()
+    assert len(ids) == len(set(ids.tolist())) and set(ids.tolist()) == labeled_ids(local)
+    assert stats.bytes_read > 0 and stats.splits_done == len(svc.setup.splits)
+
+
+def test_a_bad_uri_is_one_line(tmp_path):
+    with pytest.raises(DataError, match=r"^nosuch://x/ds.*cannot open this location.*file://, s3://") as err:
+        make_source(small_cfg("nosuch://x/ds"), 0, 1)
+    assert "\n" not in str(err.value)
+    with pytest.raises(DataError, match=r"no dataset here"):
+        make_source(small_cfg((tmp_path / "none").as_uri()), 0, 1)

@@ -6,6 +6,10 @@ Layout of `dsi.path`:
   _manifest.json           files, row groups and rows per row group, seed and model (the DPP master reads only this)
 
 A split is one row group of one file: the unit the master hands to a worker.
+
+`dsi.path` may be a local directory (relative to where neocfg was started) or a URI that pyarrow.fs opens:
+file:///data/ds, s3://bucket/ds (with pyarrow's query options, e.g. ?endpoint_override=host:9000&scheme=http),
+gs://, hdfs://. Splits name their file by the same kind of URI, so a worker on any host opens the same file.
 """
 
 from __future__ import annotations
@@ -14,6 +18,10 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Union
+
+import pyarrow as pa
+import pyarrow.fs as pafs
 
 from neocfg.config.model import ModelConfig
 from neocfg.errors import DataError
@@ -77,10 +85,12 @@ class Manifest:
         (directory / MANIFEST_NAME).write_text(json.dumps(d, indent=1) + "\n")
 
     @staticmethod
-    def load(directory: Path) -> "Manifest":
-        path = directory / MANIFEST_NAME
+    def load(directory: Union[str, Path]) -> "Manifest":
+        path = join_location(directory, MANIFEST_NAME)
         try:
-            d = json.loads(path.read_text())
+            fs, inner = open_location(path)
+            with fs.open_input_stream(inner) as f:
+                d = json.loads(f.read().decode())
             return Manifest(model_name=d["model_name"], seed=d["seed"], num_samples=d["num_samples"],
                             eval_samples=d["eval_samples"], columns=tuple(d["columns"]),
                             files=tuple(FileEntry(name=f["name"], eval=f["eval"],
@@ -88,7 +98,10 @@ class Manifest:
         except FileNotFoundError:
             raise DataError(f"{directory}: no dataset here ({MANIFEST_NAME} missing); "
                             f"write one with `neocfg mode=gen_data dsi.path={directory}`") from None
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{path}: cannot read ({str(exc).strip().splitlines()[0] if str(exc).strip() else exc})"
+                            ) from None
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
             raise DataError(f"{path}: not a valid neocfg dataset manifest ({type(exc).__name__}: {exc})") from None
 
 
@@ -106,14 +119,14 @@ class Split:
         return f"{self.path} split {self.index} (row group {self.row_group})"
 
 
-def dataset_splits(directory: Path, manifest: Manifest, *, eval: bool) -> list[Split]:
+def dataset_splits(directory: Union[str, Path], manifest: Manifest, *, eval: bool) -> list[Split]:
     """Every (file, row group) of the training (or the eval) files, in file order."""
     out: list[Split] = []
     for f in manifest.files:
         if f.eval != eval:
             continue
         for rg, rows in enumerate(f.row_group_rows):
-            out.append(Split(index=len(out), path=str(directory / f.name), row_group=rg, rows=rows))
+            out.append(Split(index=len(out), path=join_location(directory, f.name), row_group=rg, rows=rows))
     return out
 
 
@@ -135,3 +148,30 @@ def resolve_path(path: str) -> Path:
     except (ImportError, ValueError):  # not running under Hydra
         base = Path.cwd()
     return base / p
+
+
+def is_uri(path: str) -> bool:
+    return "://" in str(path)
+
+
+def resolve_location(path: str) -> str:
+    """`dsi.path` as workers anywhere open it: a URI unchanged, a local path made absolute (resolve_path)."""
+    return path if is_uri(path) else str(resolve_path(path))
+
+
+def join_location(location: Union[str, Path], name: str) -> str:
+    """A file inside a dataset location; a URI's query options (?endpoint_override=...) stay at the end."""
+    text = str(location)
+    base, sep, query = text.partition("?") if is_uri(text) else (text, "", "")
+    return f"{base.rstrip('/')}/{name}{sep}{query}"
+
+
+def open_location(location: str) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem of a local path or URI, and the path inside it."""
+    if not is_uri(location):
+        return pafs.LocalFileSystem(), str(location)
+    try:
+        return pafs.FileSystem.from_uri(location)
+    except (pa.ArrowException, ValueError) as exc:
+        raise DataError(f"{location}: cannot open this location ({str(exc).strip().splitlines()[0]}); dsi.path may "
+                        f"be a local directory or a URI pyarrow.fs knows (file://, s3://, gs://, hdfs://)") from None

@@ -22,7 +22,7 @@ import torch
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
-from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits, rank_splits, resolve_path
+from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits, rank_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
 from neocfg.data.dpp.progress import Position
 from neocfg.data.dpp.service import DppService, make_backend
@@ -118,7 +118,7 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     """`sizing`: the planner's DPP sizing (dsi.workers=auto), handed over by the runtime; `share`: rank 0's value
     to every rank (the Ray backend's cluster address)."""
     d = cfg.dsi
-    directory = resolve_path(d.path)
+    directory = resolve_location(d.path)
     manifest = Manifest.load(directory)
     every = dataset_splits(directory, manifest, eval=eval)
     if not every:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from neocfg.config.dsi import TransformConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import (LABEL_COLUMN, MANIFEST_NAME, SAMPLE_ID_COLUMN, FeatureColumns, FileEntry, Manifest,
-                                 extra_column, resolve_path)
+                                 extra_column, is_uri, resolve_path)
 from neocfg.data.source import EVAL_FIRST_SAMPLE
 from neocfg.data.synthetic import SyntheticData
 from neocfg.data.transforms import bind, hashed, normalization_of
@@ -163,7 +163,13 @@ def write_dataset(cfg: NeocfgConfig) -> GenReport:
     if not cfg.dsi.path:
         raise ConfigError("dsi.path", None, "mode=gen_data needs a dataset directory (e.g. dsi=parquet_local)")
     bind(cfg.dsi.transforms, FeatureColumns.for_model(cfg.model))  # a transform on the wrong kind of column fails here
-    target = resolve_path(cfg.dsi.path)
+    path = cfg.dsi.path
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    elif is_uri(path):
+        raise ConfigError("dsi.path", path, "mode=gen_data writes a local directory (or file://); write it locally, "
+                          "then copy it to the store (e.g. pyarrow.fs.copy_files) and train with dsi.path=<the URI>")
+    target = resolve_path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)

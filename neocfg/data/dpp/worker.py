@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from neocfg.data.arrays import BatchArrays
-from neocfg.data.dataset import FeatureColumns, Split
+from neocfg.data.dataset import FeatureColumns, Split, open_location
 from neocfg.data.dpp.progress import SplitMeta, Task
 from neocfg.data.transforms import BoundTransform, apply, from_arrow, to_batch_arrays
 from neocfg.errors import DataError
@@ -88,22 +88,40 @@ class SplitResult:
         return SplitResult(task=meta.task, rows=0, pieces=[], bytes_read=0, seconds=0.0, skipped=meta.skipped)
 
 
-class _CountingFile(io.FileIO):
-    """A file that counts the bytes pyarrow actually reads from it (the footer and the projected column chunks)."""
+class _CountingFile(io.RawIOBase):
+    """A file of any pyarrow filesystem that counts the bytes pyarrow actually reads from it (the footer and the
+    projected column chunks)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path, "rb")
+    def __init__(self, raw: pa.NativeFile) -> None:
+        super().__init__()
+        self.raw = raw
         self.bytes_read = 0
 
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
     def read(self, size: int = -1) -> bytes:
-        data = super().read(size)
+        data = self.raw.read() if size is None or size < 0 else self.raw.read(size)
         self.bytes_read += len(data)
         return data
 
     def readinto(self, buffer) -> int:  # type: ignore[override]
-        n = super().readinto(buffer)
-        self.bytes_read += n or 0
-        return n
+        data = self.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
 
 
 class SplitReader:
@@ -116,11 +134,12 @@ class SplitReader:
     def _open(self, split: Split) -> tuple[_CountingFile, pq.ParquetFile]:
         if split.path not in self._files:
             try:
-                f = _CountingFile(split.path)
+                fs, inner = open_location(split.path)
+                f = _CountingFile(fs.open_input_file(inner))
             except FileNotFoundError:
                 raise DataError(f"{split.where}: file not found") from None
-            except OSError as exc:
-                raise DataError(f"{split.where}: cannot open ({exc.strerror})") from None
+            except (OSError, pa.ArrowException) as exc:
+                raise DataError(f"{split.where}: cannot open ({_first_line(exc)})") from None
             try:
                 self._files[split.path] = (f, pq.ParquetFile(f))
             except (pa.ArrowException, OSError) as exc:
