@@ -200,11 +200,13 @@ def worker_main(conn: Connection, spec: WorkerSpec, worker_id: int, parent_pid: 
     """Entry point of a worker process. Exits when told to, when its pipe closes, or when its master is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then stops us
     reader = SplitReader(spec)
+    orphaned = False
     try:
         conn.send((Msg.ready, worker_id))
         while True:
             if not conn.poll(PARENT_CHECK_S):
                 if os.getppid() != parent_pid:
+                    orphaned = True
                     return
                 continue
             task = conn.recv()
@@ -217,6 +219,8 @@ def worker_main(conn: Connection, spec: WorkerSpec, worker_id: int, parent_pid: 
             except Exception as exc:  # noqa: BLE001 - any failure on a split is reported as that split's error
                 conn.send((Msg.error, task, f"{task.split.where}: {type(exc).__name__}: {_first_line(exc)}"))
     except (EOFError, OSError, BrokenPipeError):
-        return  # the master is gone
+        orphaned = True  # the master is gone
     finally:
         reader.close()
+        if orphaned:  # nobody waits for us: skip the interpreter's teardown (slow with pyarrow loaded)
+            os._exit(0)
