@@ -28,7 +28,8 @@ from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm
-from neocfg.runtime.dlrm import build_dense, dense_autocast, make_dense_optimizer, set_matmul_precision
+from neocfg.runtime.dlrm import (DDP_OPTIONS, build_dense, dense_autocast, make_dense_optimizer,
+                                 set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.metrics import evaluate
@@ -86,7 +87,8 @@ class Trainer:
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed)
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
-        self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None)
+        self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None,
+                                           **DDP_OPTIONS)
         self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
         self.source = make_source(cfg, self.rank, self.world, sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi),
                                   share=self._share, pin_memory=device.type == "cuda")
