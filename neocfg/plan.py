@@ -82,6 +82,8 @@ class SolverReport:
     objective_ms: float
     lower_bound_ms: float
     gap: float
+    # which method produced the kept placement (neocfg.planner.types.PlacementSource; "n/a" for rule-made plans)
+    placement_source: str = "n/a"
 
 
 @dataclass(frozen=True)

@@ -95,3 +95,39 @@ def check_plan_contract(plan: Plan, hbm_capacity: int | None = None) -> None:
         assert all(d.hbm_bytes <= hbm_capacity for d in plan.devices)
     assert plan.solver.lower_bound_ms <= plan.solver.objective_ms + 1e-9
     assert abs(plan.estimate.step_ms - max(d.total_ms for d in plan.devices)) < 1e-9
+
+
+def step_by_cost_model(cost, dense_ms: float, placements: Sequence[Placement]) -> float:
+    """A plan's step time straight from the cost model (what assemble reports), independent of the solvers' view:
+    each device's pieces plus CostModel.embedding_overhead_ms for the plan's kinds, pieces and its lookup groups."""
+    loads = DeviceLoads.of(cost.topo, cost.capacity, placements)
+    kinds = {p.option.sharding for p in placements}
+    pieces = sum(len(p.ranks) for p in placements)
+    groups: list[set] = [set() for _ in range(cost.topo.world)]
+    for p in placements:
+        for r in p.ranks:
+            groups[r].add((p.option.dtype, p.option.tier))
+    return dense_ms + max(float(loads.time[d]) + cost.embedding_overhead_ms(kinds, pieces, len(groups[d])).total
+                          for d in range(cost.topo.world))
+
+
+def all_plans(topo: Topology, options: Sequence[Sequence[ShardingOption]]):
+    """Every plan: one option and one placement of it per table (memory not checked)."""
+    per_table = [[Placement(o, r) for o in opts for r in placements_of(topo, o)] for opts in options]
+    return itertools.product(*per_table)
+
+
+def count_plans(topo: Topology, options: Sequence[Sequence[ShardingOption]]) -> int:
+    n = 1
+    for opts in options:
+        n *= sum(len(placements_of(topo, o)) for o in opts)
+    return n
+
+
+def brute_force_step(cost, dense_ms: float, options: Sequence[Sequence[ShardingOption]]) -> float:
+    """The least step time (cost model, fixed costs included) over every plan that fits memory."""
+    best = float("inf")
+    for combo in all_plans(cost.topo, options):
+        if DeviceLoads.of(cost.topo, cost.capacity, combo).over_capacity() is None:
+            best = min(best, step_by_cost_model(cost, dense_ms, combo))
+    return best

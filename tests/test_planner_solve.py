@@ -46,9 +46,9 @@ def test_ilp_is_exactly_optimal_on_tiny_instances(case):
     loads = DeviceLoads.of(cost.topo, cost.capacity, placed)
     assert loads.over_capacity() is None
     assert float(loads.time.max()) == pytest.approx(best, rel=1e-7)
-    assert bound <= best * (1 + 1e-7) and bound >= best * (1 - 1e-6)
+    assert best * (1 - 1e-4) <= bound <= best
     plan = make_plan(cfg)
-    assert plan.solver.gap <= 1e-6 and plan.solver.status == "optimal"
+    assert plan.solver.gap <= 1e-4 and plan.solver.status == "optimal"
 
 
 def test_flat_ilp_handles_node_options_and_beats_or_ties_greedy():
@@ -57,7 +57,7 @@ def test_flat_ilp_handles_node_options_and_beats_or_ties_greedy():
     ilp = make_plan(cfg)
     check_plan_contract(ilp)
     assert ilp.solver.objective_ms <= greedy.solver.objective_ms + 1e-9
-    assert ilp.solver.gap <= 1e-6
+    assert ilp.solver.gap <= 1e-4
 
 
 def compose_cfg_like(cfg, algorithm: str):

@@ -58,10 +58,8 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                        total_ms=perf[r].total + dense.perf.total, shard_counts=dict(sorted(counts[r].items())))
         for r in range(cost.topo.world))
     step = max(d.total_ms for d in devices)
-    # The solver does not trade the plan-wide fixed costs (collective latency per sharding kind, exchange kernels):
-    # its bound plus the plan's own (device-independent) fixed communication bounds every placement that issues
-    # the same collectives; cost.min_embedding_overhead_ms gives the weaker bound over every mix of kinds.
-    lb = min(result.lower_bound_ms + cost.embedding_overhead_ms(kinds, pieces).comm + dense.perf.total, step)
+    # The solvers carry the fixed costs (fixed.py): their bound holds for every plan of the enumerated options.
+    lb = result.lower_bound_ms + dense.perf.total
     gap = (step - lb) / step if step > 0 else 0.0
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
@@ -78,5 +76,6 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                           dense_ms=dense.perf.total, dense_compute_ms=dense.perf.compute,
                           dense_comm_ms=dense.perf.comm),
         solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
-                            objective_ms=step, lower_bound_ms=lb, gap=gap),
+                            objective_ms=step, lower_bound_ms=lb, gap=gap,
+                            placement_source=result.placement_source.value),
         dpp=None)

@@ -15,10 +15,19 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.types import ShardingOption, Topology
 
 
+def lower_bound(topo: Topology, options: Sequence[Sequence[ShardingOption]], fixed: FixedCosts) -> float:
+    """A bound on the busiest device's embedding time, fixed costs included: the pieces' bounds below bound the
+    pieces' time of the busiest device; that device holds at least one lookup group, and every device pays the
+    plan-wide fixed costs (FixedCosts.minimum)."""
+    return simple_lower_bound(topo, options) + fixed.minimum(options)
+
+
 def simple_lower_bound(topo: Topology, options: Sequence[Sequence[ShardingOption]]) -> float:
+    """A bound on the largest time the pieces alone (fixed costs left out) put on one device."""
     w = topo.world
     average = sum(min(o.total_work for o in opts) for opts in options) / w
     inf = math.inf

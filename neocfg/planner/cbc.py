@@ -12,6 +12,11 @@ from typing import Optional
 
 import pulp
 
+# A solver's proven bound can exceed the exact optimum by its tolerances: integrality 1e-6 (a binary at 1 - 1e-6
+# leaves a millionth of a piece's time on another option) and primal feasibility 1e-7, CBC's and HiGHS's defaults;
+# the bound handed on is lowered by this fraction of its size.
+SOLVER_BOUND_SLACK = 1e-5
+
 
 @dataclass(frozen=True)
 class CbcOutcome:
@@ -52,15 +57,24 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
     if status == "Infeasible":
         return CbcOutcome("infeasible", None, None, seconds)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return CbcOutcome("not_solved", None, _bound(text), seconds)
+        return CbcOutcome("not_solved", None, _slack(_bound(text)), seconds)
     objective = pulp.value(prob.objective)
     optimal = "Result - Optimal solution found" in text
     bound = _bound(text)
     if bound is None and optimal:
         bound = objective * (1 - gap) if "tolerance" in text else objective
-    return CbcOutcome("optimal" if optimal else "feasible", objective, bound, seconds)
+    return CbcOutcome("optimal" if optimal else "feasible", objective, _slack(bound), seconds)
+
+
+def _slack(bound: Optional[float]) -> Optional[float]:
+    return None if bound is None else bound - SOLVER_BOUND_SLACK * abs(bound)
 
 
 def _bound(text: str) -> Optional[float]:
-    m = re.search(r"^Lower bound:\s*(-?[0-9.eE+-]+)", text, re.MULTILINE)
-    return float(m.group(1)) if m else None
+    """CBC's "Lower bound:" line, which it prints rounded (to 3 decimals): the low end of what rounds to it."""
+    m = re.search(r"^Lower bound:\s*(-?[0-9.]+)([eE][+-]?[0-9]+)?", text, re.MULTILINE)
+    if not m:
+        return None
+    mantissa, exponent = m.group(1), m.group(2) or "e0"
+    decimals = len(mantissa.split(".")[1]) if "." in mantissa else 0
+    return (float(mantissa) - 0.5 * 10.0 ** -decimals) * 10.0 ** int(exponent[1:])

@@ -147,15 +147,6 @@ class CostModel:
         return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
                     bwd_comm=(alpha + exchange) / 3)
 
-    def min_embedding_overhead_ms(self, num_tables: int) -> float:
-        """The least communication part of embedding_overhead_ms, which every device pays, of any plan of
-        num_tables tables (for the lower bound): one piece per table, and the fewest collectives any non-empty plan
-        issues (ids, plus DP's gradient all-gather)."""
-        if num_tables == 0:
-            return 0.0
-        fewest = min(embedding_collectives({s}) for s in ShardingType)
-        return self.embedding_overhead_ms([], num_tables).comm + (fewest - IDS_COLLECTIVES) * self.collective_latency_ms
-
     # ---- memory ------------------------------------------------------------------------------------------
     def optimizer_state_bytes(self, rows: int, cols: int) -> int:
         return {SparseOptimizer.exact_rowwise_adagrad: rows * FP32, SparseOptimizer.exact_adagrad: rows * cols * FP32,

@@ -9,9 +9,10 @@ import time
 from typing import Optional, Sequence
 
 from neocfg.errors import InfeasibleError
-from neocfg.planner.bounds import simple_lower_bound
+from neocfg.planner.bounds import lower_bound
+from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.loads import DeviceLoads
-from neocfg.planner.types import Placement, ShardingOption, SolveResult, Storage, Topology
+from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Storage, Topology
 
 
 def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
@@ -102,8 +103,9 @@ def greedy_with_fallback(topo: Topology, capacity: Storage, options: Sequence[Se
 
 
 def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
-                 names: Sequence[str]) -> SolveResult:
+                 names: Sequence[str], fixed: FixedCosts) -> SolveResult:
     t0 = time.perf_counter()
     placements = greedy_with_fallback(topo, capacity, options, names)
     return SolveResult(placements=placements, algorithm="greedy", status="heuristic",
-                       seconds=time.perf_counter() - t0, lower_bound_ms=simple_lower_bound(topo, options))
+                       seconds=time.perf_counter() - t0, lower_bound_ms=lower_bound(topo, options, fixed),
+                       placement_source=PlacementSource.greedy)

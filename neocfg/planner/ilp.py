@@ -4,8 +4,10 @@ Small instances (at most `planner.exact_max_variables` placement variables) are 
 (ilp_flat.py); with gap 0 that is exactly optimal. Large ones use the structure (identical devices, symmetric nodes):
 the aggregated model (ilp_aggregate.py) chooses the options and proves the bound, then the chosen pieces are placed
 largest first (by work, and by memory) onto the least-loaded devices and improved by moves and swaps
-(improve.py). The greedy plan warm-starts both models and is kept when it is better. The reported bound is the
-larger of CBC's and the combinatorial bounds (bounds.py); the gap is that of the step time (dense part included).
+(improve.py). The greedy plan warm-starts both models and is kept when no ILP plan is better (placement_source
+says which was kept). Both models carry the fixed costs (fixed.py), so the reported bound, the larger of the
+solver's and the combinatorial bounds (bounds.py), holds for every plan of the enumerated options; the gap is that
+of the step time (dense part included).
 """
 
 from __future__ import annotations
@@ -16,20 +18,23 @@ from typing import Optional, Sequence
 
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
-from neocfg.planner.bounds import simple_lower_bound
+from neocfg.planner.bounds import lower_bound
 from neocfg.planner.costs import CostModel, dense_cost
+from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.greedy import greedy_place, greedy_with_fallback
 from neocfg.planner.ilp_aggregate import solve_aggregate
 from neocfg.planner.ilp_flat import solve_flat
 from neocfg.planner.ilp_problem import IlpProblem, Options
 from neocfg.planner.improve import improve
-from neocfg.planner.types import Placement, ShardingOption, SolveResult, Spread, Topology
+from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Spread, Topology
 
 # (fraction of the memory capacity the aggregated model may use, largest piece share), tried in turn when placing
 # the chosen pieces runs into fragmentation (the aggregate only knows total memory). With a piece share < 1, options
 # whose piece needs more than that share of a device's memory are left out (smaller pieces pack; the last resort of
 # memory-tight models).
 AGGREGATE_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
+# A gap below this is the solvers' tolerance (cbc.SOLVER_BOUND_SLACK), reported as optimal.
+OPTIMAL_GAP = 1e-4
 # Below this many seconds left no further aggregate solve is started.
 _MIN_SOLVE_S = 1.0
 
@@ -98,7 +103,8 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     pl = cfg.planner
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
-                   tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total)
+                   tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
+                   fixed=FixedCosts.of(cost))
     try:
         warm: Optional[list[Placement]] = improve(p.topo, p.capacity,
                                                   list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))
@@ -111,14 +117,16 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
         found, bound, status = solve_flat(dataclasses.replace(p, time_limit_s=left), warm)
     else:
         found, bound, status = solve_decomposed(p, warm, deadline)
-    candidates = [c for c in (found, warm) if c is not None]
+    solved = PlacementSource.ilp if flat else PlacementSource.ilp_choice
+    # the warm start first: it is kept unless an ILP plan is strictly better
+    candidates = [(c, src) for c, src in ((warm, PlacementSource.warm_start), (found, solved)) if c is not None]
     if not candidates:
         raise InfeasibleError(_no_placement(cfg, p, status))
-    best = min(candidates, key=p.makespan)
+    best, source = min(candidates, key=lambda cs: p.makespan(cs[0]))
     makespan = p.makespan(best)
-    bound = min(makespan, max(bound if bound != float("inf") else 0.0, simple_lower_bound(p.topo, options)))
+    bound = max(bound if bound != float("inf") else 0.0, lower_bound(p.topo, options, p.fixed))
     gap = (makespan - bound) / (makespan + p.offset_ms) if makespan + p.offset_ms > 0 else 0.0
-    final = ("optimal" if gap <= 1e-6 else "within_gap" if gap <= pl.mip_gap
+    final = ("optimal" if gap <= OPTIMAL_GAP else "within_gap" if gap <= pl.mip_gap
              else "time_limit" if status == "feasible" else "feasible")
     return SolveResult(placements=tuple(best), algorithm="ilp" if flat else "ilp (decomposed)", status=final,
-                       seconds=time.perf_counter() - t0, lower_bound_ms=bound)
+                       seconds=time.perf_counter() - t0, lower_bound_ms=bound, placement_source=source)

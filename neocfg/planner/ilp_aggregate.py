@@ -7,6 +7,8 @@ model only chooses one option per table, subject to what every plan must satisfy
   memory       total memory per tier <= W x capacity; U's memory + any one piece <= capacity
   piece count  more than (k-1) x W pieces put k pieces of distinct tables on some device (y_k), which weigh at
                least the k smallest per-table piece times, and (threshold cuts) k x lam - sum max(0, lam - piece)
+  fixed        every device pays F (SharedFixed: base, routing per piece, each collective group used), and the device
+               busiest with pieces at least one lookup group: both are added to every time bound above
 Every feasible plan satisfies these, so the model's optimum, and CBC's proven bound on it, bound every plan from
 below (at full capacity)."""
 
@@ -18,7 +20,7 @@ from typing import Optional, Sequence
 import pulp
 
 from neocfg.planner import cbc
-from neocfg.planner.ilp_problem import IlpProblem, run_model
+from neocfg.planner.ilp_problem import IlpProblem, SharedFixed, run_model
 from neocfg.planner.types import Placement, ShardingOption, Storage
 
 # Piece-count levels modelled (more only tighten a bound the average already gives).
@@ -44,6 +46,9 @@ class AggregateModel:
         self.xs = [[cbc.var(prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
                    for t, opts in enumerate(p.options)]
         self.pairs = [(x, o) for t, opts in enumerate(p.options) for x, o in zip(self.xs[t], opts)]
+        self.shared = SharedFixed.build(prob, p, self.xs)
+        self.F = cbc.var(prob, "F", low=0)      # the fixed time every device pays
+        prob += self.F == self.shared.expr, "shared_fixed"
         uniform = [(x, o) for x, o in self.pairs if o.is_uniform]
         for t, row in enumerate(self.xs):
             prob += pulp.lpSum(row) == 1, f"one_{t}"
@@ -66,8 +71,10 @@ class AggregateModel:
 
     @property
     def base(self):
-        """Time on every device before its pieces: uniform options and the dense part."""
-        return self.U + self.p.offset_ms
+        """Time on the busiest device besides its placed pieces: uniform options, the dense part, the fixed costs
+        every device pays and one lookup group."""
+        group = self.p.fixed.group_ms if self.p.options else 0.0
+        return self.U + self.F + self.p.offset_ms + group
 
     @property
     def placed(self) -> list[tuple[pulp.LpVariable, ShardingOption]]:
@@ -115,6 +122,8 @@ class AggregateModel:
         self.U.setInitialValue(sum(o.perf.total for o in picked if o.is_uniform))
         self.Uh.setInitialValue(sum(o.storage.hbm for o in picked if o.is_uniform))
         self.Us.setInitialValue(sum(o.storage.host for o in picked if o.is_uniform))
+        self.shared.warm_start(picked)
+        self.F.setInitialValue(self.p.fixed.shared_ms({o.sharding for o in picked}, sum(len(pl.ranks) for pl in warm)))
         self.T.setInitialValue(upper)
         pieces = sum(o.num_pieces for o in picked if not o.is_uniform)
         for k, y in self.levels:

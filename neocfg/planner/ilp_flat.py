@@ -1,7 +1,9 @@
 """The flat, exact ILP for small instances: choose one option per table and put every piece on a device
 (distinct devices for column slices, one node for table-row-wise / table-column-wise), per-device memory per tier,
-minimize the busiest device's time (+ a tiny tie-breaker on total communication). Symmetry breaking: identical
-devices are sorted by load within a node and symmetric nodes by their busiest device."""
+minimize the busiest device's time (+ a tiny tie-breaker on total communication). A device's time is its pieces'
+time plus the fixed costs (fixed.py): what every device pays (SharedFixed) and its lookup groups (a variable per
+device and group, >= every table's pieces of that group on the device). Symmetry breaking: identical devices are
+sorted by their pieces' time within a node and symmetric nodes by their first device."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Optional, Sequence
 import pulp
 
 from neocfg.planner import cbc
-from neocfg.planner.bounds import simple_lower_bound
-from neocfg.planner.ilp_problem import IlpProblem, run_model
+from neocfg.planner.bounds import lower_bound
+from neocfg.planner.fixed import GroupKey, lookup_group
+from neocfg.planner.ilp_problem import IlpProblem, SharedFixed, run_model
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Spread, Storage, Topology
 
@@ -27,22 +30,42 @@ class FlatModel:
     dev_vars: dict[Key, dict[int, pulp.LpVariable]] = field(default_factory=dict)
     node_vars: dict[Key, dict[int, pulp.LpVariable]] = field(default_factory=dict)
     terms: dict[str, list[list]] = field(default_factory=dict)
+    # per device: (table, lookup group) -> the variables putting a piece of that table and group on the device
+    group_terms: list[dict[tuple[int, GroupKey], list[pulp.LpVariable]]] = field(default_factory=list)
+    groups: list[dict[GroupKey, pulp.LpVariable]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.T = cbc.var(self.prob, "T", low=0)
         self.terms = {k: [[] for _ in range(self.p.topo.world)] for k in ("time", "hbm", "host")}
+        self.group_terms = [{} for _ in range(self.p.topo.world)]
         for t, opts in enumerate(self.p.options):
             xs = [cbc.var(self.prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
             self.choose.append(xs)
             self.prob += pulp.lpSum(xs) == 1, f"one_{t}"
             for i, o in enumerate(opts):
                 self._add_option((t, i), o, xs[i])
+        self.shared = SharedFixed.build(self.prob, self.p, self.choose)
+        self.F = cbc.var(self.prob, "F", low=0)   # the fixed time every device pays
+        self.prob += self.F == self.shared.expr, "shared_fixed"
+        self._add_groups()
         self._add_device_rows()
 
     def _load(self, d: int, o: ShardingOption, var: pulp.LpVariable) -> None:
         self.terms["time"][d].append((var, o.perf.total))
         self.terms["hbm"][d].append((var, o.storage.hbm))
         self.terms["host"][d].append((var, o.storage.host))
+        self.group_terms[d].setdefault((o.table_index, lookup_group(o)), []).append(var)
+
+    def _add_groups(self) -> None:
+        """g[d][k] >= 1 when any table puts a piece of lookup group k on device d (a table puts at most one)."""
+        self.groups = [{} for _ in range(self.p.topo.world)]
+        if self.p.fixed.group_ms <= 0:
+            return
+        for d, per_table in enumerate(self.group_terms):
+            for (t, k), vs in per_table.items():
+                if k not in self.groups[d]:
+                    self.groups[d][k] = cbc.var(self.prob, f"g_{d}_{k[0].value}_{k[1].value}", low=0)
+                self.prob += self.groups[d][k] >= pulp.lpSum(vs), f"g_{d}_{t}_{k[0].value}_{k[1].value}"
 
     def _add_option(self, key: Key, o: ShardingOption, x: pulp.LpVariable) -> None:
         topo, prob, (t, i) = self.p.topo, self.prob, key
@@ -69,9 +92,10 @@ class FlatModel:
     def _add_device_rows(self) -> None:
         p, prob, topo = self.p, self.prob, self.p.topo
         dev_time = [pulp.lpSum(c * v for v, c in self.terms["time"][d]) for d in range(topo.world)]
-        prob += self.T >= p.offset_ms + simple_lower_bound(topo, p.options), "known_bound"
+        prob += self.T >= p.offset_ms + lower_bound(topo, p.options, p.fixed), "known_bound"
         for d in range(topo.world):
-            prob += dev_time[d] + p.offset_ms <= self.T, f"time_{d}"
+            groups = pulp.lpSum(p.fixed.group_ms * g for g in self.groups[d].values())
+            prob += dev_time[d] + groups + self.F + p.offset_ms <= self.T, f"time_{d}"
             prob += pulp.lpSum(c * v for v, c in self.terms["hbm"][d]) <= p.capacity.hbm, f"hbm_{d}"
             prob += pulp.lpSum(c * v for v, c in self.terms["host"][d]) <= p.capacity.host, f"host_{d}"
         pinned = p.pinned
@@ -99,6 +123,16 @@ class FlatModel:
                 node = self.p.topo.node_of(pl.ranks[0])
                 for n, v in self.node_vars.get((t, j), {}).items():
                     v.setInitialValue(1.0 if j == chosen and n == node else 0.0)
+        self.shared.warm_start(pl.option for pl in warm)
+        self.F.setInitialValue(self.p.fixed.shared_ms({pl.option.sharding for pl in warm},
+                                                      sum(len(pl.ranks) for pl in warm)))
+        held: list[set[GroupKey]] = [set() for _ in range(self.p.topo.world)]
+        for pl in warm:
+            for r in pl.ranks:
+                held[r].add(lookup_group(pl.option))
+        for d, gs in enumerate(self.groups):
+            for k, g in gs.items():
+                g.setInitialValue(1.0 if k in held[d] else 0.0)
         self.T.setInitialValue(upper)
 
     def placements(self) -> list[Placement]:

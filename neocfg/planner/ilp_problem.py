@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Protocol, Sequence
 
 import pulp
 
 from neocfg.planner import cbc
+from neocfg.planner.fixed import ZERO, FixedCosts, plan_embedding_ms
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Storage, Topology
+from neocfg.types import ShardingType
 
 Options = Sequence[Sequence[ShardingOption]]
 
@@ -25,10 +27,13 @@ class IlpProblem:
     tiebreak: float           # cfg.planner.costs.comm_tiebreak
     # Time every device spends on the dense part: in the models so that the relative gap is that of the step time.
     offset_ms: float = 0.0
+    # The embedding part's fixed costs (collective latency per kind used, routing per piece, kernels per lookup group).
+    fixed: FixedCosts = ZERO
 
     def makespan(self, placements: Sequence[Placement]) -> float:
-        """The busiest device's embedding time (ms)."""
-        return float(DeviceLoads.of(self.topo, self.capacity, placements).time.max())
+        """The busiest device's embedding time (ms), fixed costs included: the step time less the dense part."""
+        return plan_embedding_ms(self.topo, self.fixed, DeviceLoads.of(self.topo, self.capacity, placements).time,
+                                 placements)
 
     @property
     def worst_comm(self) -> float:
@@ -49,6 +54,40 @@ class IlpProblem:
     def pinned(self) -> set[int]:
         """Ranks some table is forced onto."""
         return {r for opts in self.options for o in opts if o.fixed_ranks is not None for r in o.fixed_ranks}
+
+
+@dataclass
+class SharedFixed:
+    """The fixed time every device pays, as a function of the option choice (FixedCosts in a model): the base, the
+    routing of each chosen option's pieces, and each collective group's latency times its "used" variable, which is
+    >= every table's choice of a sharding type of that group (so 1 in any integer plan that uses the group; the
+    minimization keeps it at 0 otherwise)."""
+
+    expr: pulp.LpAffineExpression
+    used: list[tuple[frozenset[ShardingType], pulp.LpVariable]] = field(default_factory=list)
+
+    @staticmethod
+    def build(prob: pulp.LpProblem, p: IlpProblem, xs: Sequence[Sequence[pulp.LpVariable]]) -> "SharedFixed":
+        f = p.fixed
+        pairs = [(x, o) for row, opts in zip(xs, p.options) for x, o in zip(row, opts)]
+        expr = pulp.lpSum(f.piece_ms * o.num_pieces * x for x, o in pairs if f.piece_ms) + f.base_ms
+        out = SharedFixed(expr)
+        for g, (kinds, ms) in enumerate(f.kinds):
+            rows = [[x for x, o in zip(row, opts) if o.sharding in kinds] for row, opts in zip(xs, p.options)]
+            rows = [r for r in rows if r]
+            if ms <= 0 or not rows:
+                continue
+            u = cbc.var(prob, f"used_{g}", low=0)
+            for t, r in enumerate(rows):
+                prob += u >= pulp.lpSum(r), f"used_{g}_{t}"
+            out.used.append((kinds, u))
+            out.expr += ms * u
+        return out
+
+    def warm_start(self, chosen: Iterable[ShardingOption]) -> None:
+        kinds = {o.sharding for o in chosen}
+        for ks, u in self.used:
+            u.setInitialValue(1.0 if ks & kinds else 0.0)
 
 
 class IlpModel(Protocol):

@@ -7,6 +7,7 @@ from neocfg.errors import InfeasibleError
 from neocfg.plan import Plan
 from neocfg.planner.assemble import assemble
 from neocfg.planner.costs import CostModel, dense_cost
+from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.greedy import solve_greedy
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.options import all_options
@@ -18,7 +19,7 @@ def solve(cfg: NeocfgConfig, cost: CostModel) -> SolveResult:
     options = all_options(cfg, cost)
     names = [t.name for t in cfg.model.tables]
     if cfg.planner.algorithm is PlannerAlgorithm.greedy:
-        return solve_greedy(cost.topo, cost.capacity, options, names)
+        return solve_greedy(cost.topo, cost.capacity, options, names, FixedCosts.of(cost))
     from neocfg.planner.ilp import solve_ilp
 
     return solve_ilp(cfg, cost, options)

@@ -136,12 +136,23 @@ class Topology:
         return tuple(range(node * self.devices_per_node, (node + 1) * self.devices_per_node))
 
 
+class PlacementSource(Enum):
+    """Which method produced the placement that was kept."""
+
+    ilp = "ilp"                  # the flat ILP's own placement (every piece placed by the solver)
+    ilp_choice = "ilp_choice"    # the aggregated ILP chose each table's option; placed largest first + local search
+    warm_start = "warm_start"    # the greedy plan improved by local search (the ILP's warm start): no ILP plan beat it
+    greedy = "greedy"            # planner.algorithm=greedy
+
+
 @dataclass(frozen=True)
 class SolveResult:
-    """What an algorithm hands back: one placement per table (in table order) and its proof data."""
+    """What an algorithm hands back: one placement per table (in table order) and its proof data. lower_bound_ms
+    bounds the busiest device's embedding time (fixed costs included) of every plan of the options."""
 
     placements: tuple[Placement, ...]
     algorithm: str
     status: str
     seconds: float
     lower_bound_ms: float
+    placement_source: PlacementSource
