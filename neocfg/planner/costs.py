@@ -30,7 +30,7 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.planner.types import Perf, Storage, Topology
-from neocfg.sharding import SCHEMES, IDS_COLLECTIVES, PieceShape, ceil_div, embedding_collectives
+from neocfg.sharding import SCHEMES, PieceShape, ceil_div, embedding_collectives
 from neocfg.types import (DenseOptimizer, Interaction, MemoryTier, ShardingType, SparseOptimizer, WeightsDtype)
 
 GIB = 1024**3
