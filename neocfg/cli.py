@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import traceback
 import sys
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from omegaconf import DictConfig
 
 from neocfg.cli_errors import format_error
 from neocfg.config.schema import NeocfgConfig, load, register
-from neocfg.errors import ConfigError, NeocfgError
+from neocfg.errors import ConfigError, Interrupted, NeocfgError
 from neocfg.sweep.summary import STATUS_FILE
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -74,9 +73,20 @@ def _write_status(run_dir: Path | None, error: BaseException | None) -> None:
     if run_dir is None:
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    status = {"ok": error is None, "error": None if error is None else str(error),
+    status = {"ok": error is None, "error": None if error is None else format_error(error),
               "error_type": None if error is None else type(error).__name__}
     (run_dir / STATUS_FILE).write_text(json.dumps(status) + "\n")
+
+
+def config_search_dirs(argv: list[str]) -> list[Path]:
+    """The directories presets come from: --config-dir / -cd (the user's, searched first) and the package's conf/."""
+    dirs = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            dirs.append(Path(argv[i + 1]).resolve())
+        elif arg.startswith("--config-dir="):
+            dirs.append(Path(arg.split("=", 1)[1]).resolve())
+    return [*dirs, CONF_DIR]
 
 
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
@@ -98,10 +108,16 @@ def _app(raw: DictConfig) -> object:
         # Exit here rather than raise: Hydra would log a multi-line "Error executing job" report first.
         sys.exit(exc.exit_code)
     except Exception as exc:
-        if _is_multirun() and not debug:
-            traceback.print_exc()
+        if debug:
+            raise
+        if _is_multirun():  # the sweep goes on; its summary row carries this one line (no traceback)
+            print(f"neocfg: error: {format_error(exc)}", file=sys.stderr)
             _write_status(run_dir, exc)
             return None
+        _discard_if_only_bookkeeping(run_dir)
+        raise
+    except BaseException:  # Ctrl-C, SIGTERM: nothing half-written is left behind
+        _discard_if_only_bookkeeping(run_dir)
         raise
     _write_status(run_dir, None)
     return result
@@ -117,23 +133,37 @@ def check_sweep_x(argv: list[str]) -> None:
         raise ConfigError("sweep.x", x, f"must be one of the keys given on the command line: {', '.join(others)}")
 
 
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main() -> None:
     debug = _debug_requested(sys.argv[1:])
     # `neocfg ... | head` ends quietly, like any Unix tool, instead of reporting a broken pipe.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Ctrl-C and SIGTERM stop the whole run (the launcher stops its ranks) and end in one line.
+    signal.signal(signal.SIGINT, _raise_interrupted)
+    signal.signal(signal.SIGTERM, _raise_interrupted)
     # Let exceptions reach us instead of Hydra's multi-line report; we print one line.
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    from neocfg.logs import quiet_library_logs
+
+    quiet_library_logs()
     register()
+    from neocfg.sweep.callback import SweepSummary
+
     try:
         check_sweep_x(sys.argv[1:])
         _app()
+        SweepSummary.raise_if_all_failed()
     except SystemExit:
         raise
-    except KeyboardInterrupt:
-        print("neocfg: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except (Interrupted, KeyboardInterrupt) as exc:
+        name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+        sys.stderr.write(f"neocfg: interrupted by {name}; the run was stopped (its completed checkpoints are kept)\n")
+        sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)
     except Exception as exc:  # noqa: BLE001 - every error becomes one line unless debugging
         if debug:
             raise
-        print(f"neocfg: error: {format_error(exc)}", file=sys.stderr)
+        print(f"neocfg: error: {format_error(exc, config_search_dirs(sys.argv[1:]))}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))

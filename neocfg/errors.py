@@ -34,3 +34,34 @@ class DataError(NeocfgError):
     """A data file, split or schema is bad: names the file (and split) and what is wrong."""
 
     exit_code = 4
+
+
+class CheckpointError(NeocfgError):
+    """A checkpoint cannot be used: another plan's, truncated or corrupt; names the file and what is wrong."""
+
+    exit_code = 5
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another live run holds the checkpoint directory's lock (two writers would replace each other's files)."""
+
+    exit_code = 7
+
+
+class SweepFailedError(NeocfgError):
+    """Every run of a multirun failed."""
+
+    exit_code = 8
+
+
+class Interrupted(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM reached the neocfg process: the run stops, its ranks with it. A BaseException so
+    that no `except Exception` on the way swallows it; exit code 128 + the signal number, as a shell reports it."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        self.exit_code = 128 + signum
+        super().__init__(self.name)

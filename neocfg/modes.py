@@ -16,9 +16,11 @@ def _describe(cfg: NeocfgConfig, run_dir: Path | None) -> object:
 
 
 def _plan(cfg: NeocfgConfig, run_dir: Path | None) -> object:
+    from neocfg.planner.advice import advising
     from neocfg.planner.run import run
 
-    return run(cfg, run_dir)
+    with advising(cfg):  # progress while planning; a plan that does not fit ends with checked advice
+        return run(cfg, run_dir)
 
 
 def _train(cfg: NeocfgConfig, run_dir: Path | None) -> object:

@@ -104,3 +104,14 @@ def run_reference(cfg: NeocfgConfig, world: int) -> RunState:
 
 def with_train(cfg: NeocfgConfig, **train: Any) -> NeocfgConfig:
     return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **train))
+
+
+def assert_same_rank_state(x: dict[str, Any], y: dict[str, Any]) -> None:
+    """Two ranks' checkpoint states are bit-identical: step, losses, shards with optimizer state, dense weights."""
+    assert x["step"] == y["step"] and x["losses"] == y["losses"]
+    for ex, ey in zip(x["embeddings"], y["embeddings"]):
+        assert torch.equal(ex["weights"], ey["weights"])
+        for ox, oy in zip(ex["optimizer"], ey["optimizer"]):
+            assert torch.equal(ox, oy)
+    for k in x["dense"]:
+        assert torch.equal(x["dense"][k], y["dense"][k]), k

@@ -7,7 +7,9 @@ these dataclasses during composition; `load()` then runs the range and cross-fie
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
@@ -19,7 +21,8 @@ from neocfg.config.planner import PlannerConfig
 from neocfg.config.sweep import SweepConfig
 from neocfg.config.train import TrainConfig
 from neocfg.errors import ConfigError
-from neocfg.types import Mode
+from neocfg.types import Mode, WeightsDtype
+from neocfg.units import GIB
 
 
 @dataclass
@@ -40,6 +43,7 @@ class NeocfgConfig:
         self.dsi.check("dsi")
         self.planner.check("planner")
         self.train.check("train")
+        self._check_sizes_could_fit()
         world = self.hardware.num_devices
         for i, table in enumerate(self.model.tables):
             for j, rank in enumerate(table.ranks or []):
@@ -47,6 +51,26 @@ class NeocfgConfig:
                     raise ConfigError(f"model.tables.{i}.ranks.{j}", rank,
                                       f"must be a rank in [0, {world - 1}] (world size {world})")
 
+
+    def _check_sizes_could_fit(self) -> None:
+        """A table no cluster of this hardware could hold (e.g. num_embeddings=1e23) is a typo, not a planning
+        question: refuse it here, before any cost arithmetic overflows."""
+        hw = self.hardware
+        per_node = (hw.device.hbm_gib * hw.devices_per_node + hw.host.ddr_gib) * GIB
+        most = per_node * MAX_NODES
+        smallest = min(d.bytes for d in WeightsDtype)
+        for i, table in enumerate(self.model.tables):
+            need = table.num_embeddings * table.embedding_dim * smallest
+            if need > most:
+                raise ConfigError(
+                    f"model.tables.{i}.num_embeddings", table.num_embeddings,
+                    f"table {table.name} needs {need / GIB:,.3g} GiB even at fp16, more than {MAX_NODES:,} nodes of"
+                    f" {hw.name} hold ({most / GIB:,.0f} GiB of HBM + host DDR); no cluster could hold it")
+
+
+# The largest cluster neocfg reasons about (in nodes): a model bigger than this many nodes of the chosen hardware
+# hold is refused as a typo; the planner's advice never suggests more (neocfg/planner/advice.py).
+MAX_NODES = 1024
 
 SCHEMA_NAME = "neocfg_schema"
 
@@ -63,8 +87,25 @@ def load(cfg: DictConfig) -> NeocfgConfig:
     except Exception as exc:  # MissingMandatoryValue and friends: re-raised as one line by the CLI
         raise _from_omegaconf(exc) from exc
     assert isinstance(obj, NeocfgConfig)
+    reject_non_finite(obj, "")
     obj.check()
     return obj
+
+
+def reject_non_finite(node: Any, path: str) -> None:
+    """NaN and inf pass every `> 0` / range check (inf) or compare false everywhere (NaN): refuse them in any
+    section, naming the full key path."""
+    if isinstance(node, float) and not math.isfinite(node):
+        raise ConfigError(path, node, "must be a finite number (not NaN or inf)")
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        for f in dataclasses.fields(node):
+            reject_non_finite(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(node, (list, tuple)):
+        for i, item in enumerate(node):
+            reject_non_finite(item, f"{path}.{i}")
+    elif isinstance(node, dict):
+        for key, item in node.items():
+            reject_non_finite(item, f"{path}.{key}")
 
 
 def _reject_unknown_keys(node: object, path: str) -> None:

@@ -2,13 +2,18 @@
 free localhost port; under torchrun (RANK and WORLD_SIZE in the environment) it joins the launcher's group (NCCL on
 CUDA), so the same command scales out with torch.distributed's own launcher.
 
-A rank that raises a NeocfgError reports its one-line message; a rank that dies makes the launcher stop the others
-and fail (exit non-zero) instead of leaving them blocked in a collective; collectives time out after
-train.collective_timeout_s in any case.
+A rank that raises a NeocfgError reports its one-line message (any other exception: its type and message); a rank
+that dies makes the launcher stop the others and fail (exit non-zero) instead of leaving them blocked in a
+collective; collectives time out after train.collective_timeout_s in any case.
+
+Supervision: the ranks die with their launcher (PR_SET_PDEATHSIG: even a SIGKILLed `neocfg` leaves no rank
+training and writing checkpoints); they ignore Ctrl-C (the terminal sends SIGINT to the whole process group) and
+leave quietly on SIGTERM, so that Ctrl-C or SIGTERM to `neocfg` stops every rank and ends in one line.
 """
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import logging
 import os
@@ -27,7 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from neocfg.errors import ConfigError, NeocfgError
+from neocfg.errors import ConfigError, Interrupted, NeocfgError
+from neocfg.logs import quiet_library_logs
 from neocfg.types import Backend
 
 if TYPE_CHECKING:
@@ -78,6 +84,32 @@ def _threads_per_rank(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_world)
 
 
+# prctl(2) option: deliver a signal to this process when its parent exits (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the process that started it dies (whatever killed it), so no rank outlives its
+    launcher. No-op where prctl is missing (not Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _leave_quietly(signum: int, frame: object) -> None:
+    os._exit(128 + signum)
+
+
+def rank_signals() -> None:
+    """Ctrl-C is the launcher's to handle; SIGTERM (the launcher stopping us) ends the rank without a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _leave_quietly)
+
+
 def _report(results: str, rank: int, kind: str, payload: Any) -> None:
     """A rank's outcome as a file (written whole, then renamed): no queue or lock survives a killed rank."""
     path = os.path.join(results, f"rank_{rank}.pt")
@@ -86,7 +118,10 @@ def _report(results: str, rank: int, kind: str, payload: Any) -> None:
 
 
 def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
-            fn: Callable[..., Any], args: tuple, results: str) -> None:
+            fn: Callable[..., Any], args: tuple, results: str, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    rank_signals()
+    quiet_library_logs()
     torch.set_num_threads(_threads_per_rank(world))
     # tqdm's default lock is a multiprocessing semaphore, which a killed rank would leak (and Python warn about).
     from tqdm import tqdm
@@ -104,16 +139,26 @@ def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s:
         os._exit(exc.exit_code)  # skip interpreter teardown: the other ranks may be blocked in a collective
     except Exception as exc:
         if not _collective_failure(exc):
-            _report(results, local_rank, "crash", traceback.format_exc())
+            _report(results, local_rank, "crash", (_one_line(exc), traceback.format_exc()))
             os._exit(1)
-        # a peer died or stopped answering (train.collective_timeout_s)
-        first = re.sub(r"^\[[^\]]*\]\s*", "", (str(exc).strip().splitlines() or [type(exc).__name__])[0])
-        _report(results, local_rank, "error", ("RankFailedError", f"rank {local_rank}: a collective failed ({first}); "
-                                               f"a peer rank died or stopped responding", RankFailedError.exit_code))
+        # a peer died or stopped answering (train.collective_timeout_s): a consequence, reported only when no
+        # rank has a cause of its own to report
+        _report(results, local_rank, "peer", ("RankFailedError", f"rank {local_rank}: a collective failed "
+                                              f"({_one_line(exc, with_type=False)}); a peer rank died or stopped"
+                                              f" responding", RankFailedError.exit_code))
         os._exit(RankFailedError.exit_code)
-    except BaseException:
-        _report(results, local_rank, "crash", traceback.format_exc())
+    except BaseException as exc:
+        _report(results, local_rank, "crash", (_one_line(exc), traceback.format_exc()))
         os._exit(1)
+
+
+def _one_line(exc: BaseException, with_type: bool = True) -> str:
+    """The exception's first non-empty line (gloo's `[file:line]` prefix dropped), e.g. `KeyError: 'rows'`."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = re.sub(r"^\[[^\]]*\]\s*", "", lines[0]) if lines else ""
+    if not with_type:
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 # What a collective raises when its peer is gone: torch's DistError family, or gloo's RuntimeErrors.
@@ -142,16 +187,22 @@ def _supervise(procs: list) -> tuple[Optional[int], set[int]]:
                 continue
             pending.remove(p)
             if p.exitcode != 0:
-                for q in pending:
-                    q.terminate()
-                    stopped.add(procs.index(q))
-                for q in pending:
-                    q.join(TERMINATE_GRACE_S)
-                    if q.exitcode is None:
-                        q.kill()
-                        q.join()
+                stopped |= {procs.index(q) for q in pending}
+                _stop(pending)
                 return procs.index(p), stopped
     return None, stopped
+
+
+def _stop(procs: list) -> None:
+    """SIGTERM every live rank, SIGKILL those still there after TERMINATE_GRACE_S; returns when all are gone."""
+    live = [q for q in procs if q.pid is not None and q.exitcode is None]
+    for q in live:
+        q.terminate()
+    for q in live:
+        q.join(TERMINATE_GRACE_S)
+        if q.exitcode is None:
+            q.kill()
+            q.join()
 
 
 def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend, timeout_s: float) -> list[Any]:
@@ -161,6 +212,7 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
         backend = Backend.nccl if torch.cuda.is_available() and backend is Backend.nccl else backend
+        quiet_library_logs()
         dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
         try:
             return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
@@ -169,11 +221,16 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="neocfg-ranks-") as results:
         port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, backend, timeout_s, fn, args, results),
-                             name=f"neocfg-rank-{r}") for r in range(world)]
-        for p in procs:
-            p.start()
-        failure, stopped = _supervise(procs)
+        procs = [ctx.Process(target=_worker, args=(r, world, port, backend, timeout_s, fn, args, results,
+                                                   os.getpid()), name=f"neocfg-rank-{r}") for r in range(world)]
+        try:
+            for p in procs:
+                p.start()
+            failure, stopped = _supervise(procs)
+        except (Interrupted, KeyboardInterrupt):  # Ctrl-C / SIGTERM: stop every rank before reporting it
+            _stop(procs)
+            sys.stderr.write("\n")  # end rank 0's progress bar line
+            raise
         reports = [torch.load(p, weights_only=False) for p in sorted(Path(results).glob("rank_*.pt"))]
     if failure is not None or any(kind != "ok" for _, kind, _ in reports):
         sys.stderr.write("\n")  # end rank 0's progress bar line: the error gets a line of its own
@@ -183,15 +240,19 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         code = p.exitcode
         if i not in stopped and code is not None and code < 0:
             raise RankFailedError(f"rank {i} was killed by {signal.Signals(-code).name}; the other ranks were stopped")
-    for rank, kind, payload in sorted(reports, key=lambda r: r[0]):
-        if kind == "error":
+    for wanted in ("error", "crash", "peer"):  # causes first, then a collective that lost its peer
+        for rank, kind, payload in sorted(reports, key=lambda r: r[0]):
+            if kind != wanted:
+                continue
+            if kind == "crash":
+                line, trace = payload
+                if os.environ.get("NEOCFG_DEBUG", "") not in ("", "0"):
+                    sys.stderr.write(trace)
+                raise RankFailedError(f"rank {rank} failed: {line} (NEOCFG_DEBUG=1 shows the traceback)")
             name, message, code = payload
             err = NeocfgError(message)
             err.exit_code = code
             raise err
-    for rank, kind, payload in reports:
-        if kind == "crash":
-            raise RuntimeError(f"rank {rank} failed:\n{payload}")
     if failure is not None:
         raise RankFailedError(f"rank {failure} exited with code {procs[failure].exitcode}; the other ranks were stopped")
     by_rank = {rank: payload for rank, kind, payload in reports if kind == "ok"}

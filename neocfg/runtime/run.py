@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 from neocfg.config.schema import NeocfgConfig
-from neocfg.errors import ConfigError
+from neocfg.errors import CheckpointError, ConfigError, NeocfgError
 from neocfg.plan import Plan
-from neocfg.runtime.checkpoint import Checkpointer
+from neocfg.runtime.checkpoint import Checkpointer, locked
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.launch import RankEnv, check_single_host, launch, under_torchrun
 from neocfg.types import Backend
@@ -21,9 +22,17 @@ def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
         from neocfg.plan_check import load_plan_file
 
         return load_plan_file(cfg.planner.plan_file, cfg.model, cfg.hardware.num_devices)
-    from neocfg.planner import make_plan
+    from neocfg.planner.advice import plan_or_advise
 
-    return make_plan(cfg)
+    return plan_or_advise(cfg)
+
+
+def checkpoint_root(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[Path]:
+    """Where this run's checkpoints go (None: it writes none and resumes from none)."""
+    tc = cfg.train
+    if tc.checkpoint_dir:
+        return Path(tc.checkpoint_dir)
+    return run_dir / "checkpoints" if run_dir is not None and tc.checkpoint_every else None
 
 
 def _rank_main(env: RankEnv, cfg: NeocfgConfig, plan: Optional[Plan], run_dir: Optional[Path]) -> Any:
@@ -67,9 +76,13 @@ def render(m: dict[str, Any]) -> str:
         lines.append(f"  held-out ({m['eval_samples']:,} samples): AUC {m['eval_auc']:.4f}, NE {m['eval_ne']:.4f}, "
                      f"log loss {m['eval_logloss']:.4f}")
     b = m["breakdown_ms"]
-    lines.append("  step breakdown (ms, mean over ranks): " + ", ".join(
-        f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense", "comm_bwd",
-                                    "emb_bwd", "total")))
+    if m.get("timed_steps", 1):
+        lines.append("  step breakdown (ms, mean over ranks): " + ", ".join(
+            f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense", "comm_bwd",
+                                        "emb_bwd", "total")))
+    else:
+        lines.append(f"  step breakdown: not measured (the first {m['warmup_steps']} steps of a run are warm-up;"
+                     f" train more steps to see it); the step time below includes the warm-up")
     if m.get("prediction_error") is not None:
         lines.append(f"  step time: predicted {m['predicted_step_ms']:.2f} ms, measured {m['measured_step_ms']:.2f} ms "
                      f"(prediction error {100 * m['prediction_error']:+.0f}%)")
@@ -83,35 +96,73 @@ def render(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def resume_advice(cfg: NeocfgConfig, root: Path, path: Path, ckpt: Checkpointer) -> str:
+    """What to do about a checkpoint written for another plan, checked: its plan.json is suggested only when it
+    fits this run's model and world and matches the checkpoint; otherwise the line says what it was written for."""
+    fresh = "or start fresh (train.resume=false, or another train.checkpoint_dir)"
+    plan_file = root / "plan.json"
+    try:
+        theirs = Plan.load(plan_file)
+    except NeocfgError:
+        return f"its plan ({plan_file}) is missing or unreadable; {fresh}"
+    if theirs.world_size != cfg.hardware.num_devices:
+        return (f"it was written on {theirs.world_size} ranks, hardware {cfg.hardware.name} has"
+                f" {cfg.hardware.num_devices}: resume on the hardware it was trained on with"
+                f" planner.plan_file={plan_file}, {fresh}")
+    try:
+        build_layout(theirs, cfg.model, 0)
+    except NeocfgError:
+        return (f"it was trained on another model ({theirs.model_name}: {_difference(theirs, cfg)}): resume with the"
+                f" model it was trained on and planner.plan_file={plan_file}, {fresh}")
+    if ckpt.mismatch(path, theirs) is not None:
+        return f"its plan.json does not match the checkpoint either; {fresh}"
+    return f"resume with its plan (planner.plan_file={plan_file}, checked against this model) {fresh}"
+
+
+def _difference(plan: Plan, cfg: NeocfgConfig) -> str:
+    """The first way the checkpoint's tables differ from this run's model."""
+    theirs = {t.name: (t.num_embeddings, t.embedding_dim) for t in plan.tables}
+    mine = {t.name: (t.num_embeddings, t.embedding_dim) for t in cfg.model.tables}
+    for name, shape in theirs.items():
+        if name not in mine:
+            return f"its table {name} is not in this model"
+        if mine[name] != shape:
+            return f"table {name} is {shape[0]:,}x{shape[1]} there, {mine[name][0]:,}x{mine[name][1]} here"
+    extra = [n for n in mine if n not in theirs]
+    return f"this model's table {extra[0]} is not in it" if extra else "its tables differ"
+
+
+def _check_resume(cfg: NeocfgConfig, plan: Optional[Plan], root: Path, world: int) -> Optional[str]:
+    """Before any rank starts: say which checkpoint the run resumes from when it is not `latest`, refuse another
+    plan's, and return a line when the run is already finished (None: there is training to do)."""
+    ckpt = Checkpointer(root, 0, world)
+    path, note = ckpt.resume_point()
+    if path is None:
+        return None
+    if note and int(os.environ.get("RANK", "0")) == 0:
+        print(f"neocfg: note: {note}")
+    why = ckpt.mismatch(path, plan) if plan is not None else None
+    if why is not None:
+        raise CheckpointError(f"{why}; {resume_advice(cfg, root, path, ckpt)}")
+    step = int(ckpt.meta(path)["step"])
+    if step >= cfg.train.steps:
+        return (f"nothing to train: the run in {root} is already finished (its checkpoint {path.name} is at step"
+                f" {step:,}, train.steps={cfg.train.steps:,}); raise train.steps to train further")
+    return None
+
+
 def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
     check_trainable(cfg)
     if cfg.train.resume and not cfg.train.checkpoint_dir:
         raise ConfigError("train.checkpoint_dir", None,
                           "train.resume=true needs the directory of the run to resume (each run has its own output "
                           "directory)")
-    if run_dir is not None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    world = cfg.hardware.num_devices
-    if under_torchrun():
-        plan = None
-        if int(os.environ["WORLD_SIZE"]) != world:
-            raise ConfigError("hardware", cfg.hardware.name,
-                              f"has {world} devices but torchrun started {os.environ['WORLD_SIZE']} processes")
-    else:
-        plan = load_or_make_plan(cfg)
-        if run_dir is not None:
-            plan.save(run_dir / "plan.json")
-        if plan.world_size != world:
-            raise ConfigError("planner.plan_file", cfg.planner.plan_file,
-                              f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has "
-                              f"{world}")
-        build_layout(plan, cfg.model, 0)  # a plan that does not fit the model fails here, before any rank starts
-        if cfg.train.resume:  # refuse another plan's checkpoint before starting any rank
-            Checkpointer(Path(cfg.train.checkpoint_dir), 0, world).check(plan)
-    results = launch(_rank_main, (cfg, plan, run_dir), world=world, backend=cfg.hardware.backend,
-                     timeout_s=cfg.train.collective_timeout_s)
-    metrics = results[0]
-    if metrics is None:  # a non-zero rank under torchrun
+    # One run writes a checkpoint directory at a time: taken first (a refused run plans and writes nothing), held
+    # until the ranks are gone. A run's own <run dir>/checkpoints needs no lock.
+    shared = Path(cfg.train.checkpoint_dir) if cfg.train.checkpoint_dir else None
+    with locked(shared) if shared is not None and int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
+        metrics = _train(cfg, run_dir)
+    if not metrics:  # finished already, or a non-zero rank under torchrun
         return {}
     print(render(metrics))
     if run_dir is not None:
@@ -120,3 +171,32 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
         print(f"outputs in {run_dir}: metrics.json, plan.json"
               + (", checkpoints/" if cfg.train.checkpoint_every and not cfg.train.checkpoint_dir else ""))
     return metrics
+
+
+def _train(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[dict[str, Any]]:
+    world = cfg.hardware.num_devices
+    if under_torchrun():
+        plan = None
+        if int(os.environ["WORLD_SIZE"]) != world:
+            raise ConfigError("hardware", cfg.hardware.name,
+                              f"has {world} devices but torchrun started {os.environ['WORLD_SIZE']} processes")
+    else:
+        plan = load_or_make_plan(cfg)
+        if plan.world_size != world:
+            raise ConfigError("planner.plan_file", cfg.planner.plan_file,
+                              f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has "
+                              f"{world}")
+        build_layout(plan, cfg.model, 0)  # a plan that does not fit the model fails here, before any rank starts
+    root = checkpoint_root(cfg, run_dir)
+    if cfg.train.resume and root is not None:
+        finished = _check_resume(cfg, plan, root, world)
+        if finished is not None:
+            print(finished)
+            return None
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if plan is not None:
+            plan.save(run_dir / "plan.json")
+    results = launch(_rank_main, (cfg, plan, run_dir), world=world, backend=cfg.hardware.backend,
+                     timeout_s=cfg.train.collective_timeout_s)
+    return results[0]

@@ -272,6 +272,7 @@ class Trainer:
             "eval_samples": ev.samples if ev else 0, "eval_logloss": ev.logloss if ev else None,
             "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
             "breakdown_ms": breakdown, "breakdown_ms_per_rank": per_rank,
+            "timed_steps": len(timed), "warmup_steps": WARMUP_STEPS,
             "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
             "plan_batch_size_per_device": self.plan.batch_size_per_device,
             # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).

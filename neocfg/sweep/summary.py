@@ -81,7 +81,8 @@ def read_run(run_dir: Path) -> Optional[SweepRow]:
     if status is None:
         fits, why = False, "run did not finish (no status.json): crashed or interrupted"
     else:
-        fits, why = bool(status.get("ok")), str(status.get("error") or "")
+        # One line per row: the reason, never a traceback (the run's own log has the details).
+        fits, why = bool(status.get("ok")), (str(status.get("error") or "").strip().splitlines() or [""])[0]
     metrics: dict[str, Optional[float]] = dict.fromkeys(METRIC_COLUMNS)
     plan = _read_json(run_dir / "plan.json")
     if plan is not None:
