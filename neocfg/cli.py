@@ -110,12 +110,12 @@ def _app(raw: DictConfig) -> object:
     except Exception as exc:
         if debug:
             raise
+        print(f"neocfg: error: {format_error(exc, config_search_dirs(sys.argv[1:]))}", file=sys.stderr)
         if _is_multirun():  # the sweep goes on; its summary row carries this one line (no traceback)
-            print(f"neocfg: error: {format_error(exc)}", file=sys.stderr)
             _write_status(run_dir, exc)
             return None
         _discard_if_only_bookkeeping(run_dir)
-        raise
+        sys.exit(getattr(exc, "exit_code", 2))  # before Hydra's "Error executing job" line
     except BaseException:  # Ctrl-C, SIGTERM: nothing half-written is left behind
         _discard_if_only_bookkeeping(run_dir)
         raise
@@ -135,6 +135,18 @@ def check_sweep_x(argv: list[str]) -> None:
 
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
+
+
+def _stop_children() -> None:
+    """SIGTERM whatever child processes are left (e.g. the CBC solver PuLP started when SIGTERM came mid-plan):
+    an interrupted run leaves nothing running. The launcher has already stopped its ranks. Linux (/proc) only."""
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == me:
+                os.kill(int(stat.parent.name), signal.SIGTERM)
+        except (OSError, IndexError, ValueError):
+            continue
 
 
 def main() -> None:
@@ -159,6 +171,7 @@ def main() -> None:
     except SystemExit:
         raise
     except (Interrupted, KeyboardInterrupt) as exc:
+        _stop_children()
         name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
         sys.stderr.write(f"neocfg: interrupted by {name}; the run was stopped (its completed checkpoints are kept)\n")
         sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)

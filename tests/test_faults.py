@@ -274,6 +274,8 @@ BAD = [
     (["planner.costs.hbm_efficiency=nan"], 2, ["planner.costs.hbm_efficiency=nan", "finite"]),
     (["model.tables.0.num_embeddings=100000000000000000000000"], 2,
      ["model.tables.0.num_embeddings=100000000000000000000000", "1,024 nodes", "no cluster could hold it"]),
+    (["hardware.device.hbm_gib=1e300"], 2, ["hardware.device.hbm_gib=1e+300", "1 PiB"]),
+    (["hardware.nodes=100000"], 2, ["hardware.nodes=100000", "<= 1,024"]),
     (["model.tables.99.num_embeddings=5"], 2, ["model.tables.99: no such entry", "8 (indices 0-7)"]),
     (["dsi=parquet_local", "+dsi.transforms=[{column:x,op:frobnicate}]"], 2,
      ["dsi.transforms.0.op='frobnicate'", "filter"]),

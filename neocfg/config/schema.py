@@ -56,6 +56,13 @@ class NeocfgConfig:
         """A table no cluster of this hardware could hold (e.g. num_embeddings=1e23) is a typo, not a planning
         question: refuse it here, before any cost arithmetic overflows."""
         hw = self.hardware
+        if hw.nodes > MAX_NODES:
+            raise ConfigError("hardware.nodes", hw.nodes, f"must be <= {MAX_NODES:,} (the largest cluster neocfg plans)")
+        if hw.devices_per_node > MAX_DEVICES_PER_NODE:
+            raise ConfigError("hardware.devices_per_node", hw.devices_per_node, f"must be <= {MAX_DEVICES_PER_NODE}")
+        for key, gib in (("hardware.device.hbm_gib", hw.device.hbm_gib), ("hardware.host.ddr_gib", hw.host.ddr_gib)):
+            if gib > MAX_MEMORY_GIB:
+                raise ConfigError(key, gib, f"must be <= {MAX_MEMORY_GIB:,} GiB (1 PiB: no device or host has more)")
         per_node = (hw.device.hbm_gib * hw.devices_per_node + hw.host.ddr_gib) * GIB
         most = per_node * MAX_NODES
         smallest = min(d.bytes for d in WeightsDtype)
@@ -71,6 +78,12 @@ class NeocfgConfig:
 # The largest cluster neocfg reasons about (in nodes): a model bigger than this many nodes of the chosen hardware
 # hold is refused as a typo; the planner's advice never suggests more (neocfg/planner/advice.py).
 MAX_NODES = 1024
+# Accelerators per node: the densest training nodes hold 8-16 (DGX / ZionEX: 8; NVL-style trays up to 72 behind one
+# switch are still addressed as 8-GPU hosts); 64 leaves room and keeps per-node arrays small.
+MAX_DEVICES_PER_NODE = 64
+# Memory of one device or host, GiB: 1 PiB, far beyond any machine; larger values are typos that overflow the
+# cost arithmetic (e.g. hbm_gib=1e300 -> inf bytes).
+MAX_MEMORY_GIB = 2**20
 
 SCHEMA_NAME = "neocfg_schema"
 
