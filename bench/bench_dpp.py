@@ -11,6 +11,12 @@
    pulls from 1 worker (too few) and from the planned count (sizing.workers_needed with dsi.headroom). Workers get a
    simulated extra cost per split (`--split-cost-s`, a sleep) so that the result does not depend on how many free
    cores the machine has; stall fraction = time waiting for data / wall time (after the first batch).
+4. Local vs Ray: the same 2 workers as local processes and as Ray actors (a local Ray, one master actor), drained
+   as fast as possible and feeding the same simulated trainer: samples/s and stall side by side (interleaved).
+5. Autoscaling (dsi.autoscale): a local service starts with 1 worker under a trainer that needs
+   `--autoscale-demand` x one worker's rate; the master adds workers while the trainer stalls. Stall fraction and
+   workers per second are recorded; the result is the stall over the last third of the run against the master's
+   target (AUTOSCALE_STALL_FRACTION). Drawn in bench_dpp_autoscale.png.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import json
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,7 +37,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from neocfg.config.schema import NeocfgConfig, load, register  # noqa: E402
 from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits  # noqa: E402
-from neocfg.data.dpp.master import ServiceLimits, ServiceSetup  # noqa: E402
+from neocfg.data.dpp.master import AUTOSCALE_STALL_FRACTION, ServiceLimits, ServiceSetup  # noqa: E402
 from neocfg.data.dpp.client import EndOfData  # noqa: E402
 from neocfg.data.dpp.progress import Task  # noqa: E402
 from neocfg.data.dpp.service import DppService  # noqa: E402
@@ -75,16 +82,29 @@ def bench_projection(cfg: NeocfgConfig, splits, reps: int) -> dict:
     return out
 
 
-def service(cfg: NeocfgConfig, splits, workers: int, *, epochs: int | None, split_cost_s: float = 0.0) -> DppService:
+def service(cfg: NeocfgConfig, splits, workers: int, *, epochs: int | None, split_cost_s: float = 0.0,
+            backend: str = "local", limits: ServiceLimits | None = None) -> DppService:
     setup = ServiceSetup(splits=tuple(splits), spec=replace(spec_of(cfg), extra_split_s=split_cost_s), workers=workers,
-                         seed=1, max_epochs=epochs, limits=ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits))
+                         seed=1, max_epochs=epochs,
+                         limits=limits or ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits))
+    if backend == "ray":
+        from neocfg.data.dpp.ray_backend import RayDppService, RayOptions, WorkerResources
+
+        opts = RayOptions(namespace="neocfg-bench", master_name=f"bench-{uuid.uuid4().hex[:8]}", owner=True,
+                          resources=WorkerResources(cpus=RAY_WORKER_CPUS, memory_bytes=2**28))
+        return DppService(setup, clients=[0], backend=RayDppService(setup, opts)).start()
     return DppService(setup).start()
 
 
-def wait_ready(svc: DppService) -> None:
-    """Until every worker process has started (spawning takes a second): start-up is not throughput."""
-    while not all(w.ready for w in list(svc.backend.workers.values())):
-        time.sleep(0.01)
+# Ray worker actors ask this many CPUs each in the benchmark (the local Ray has os.cpu_count() CPUs): the same
+# 2 workers as the local backend fit on a 2-core machine.
+RAY_WORKER_CPUS = 0.5
+
+
+def wait_ready(svc: DppService, workers: int) -> None:
+    """Until every worker has started (spawning takes seconds): start-up is not throughput."""
+    while svc.backend.workers_ready() < workers:
+        time.sleep(0.05)
 
 
 @dataclass(frozen=True)
@@ -93,13 +113,14 @@ class Drain:
     worker_ms_per_split: float  # busy time of a worker per split: grows when workers share too few cores
 
 
-def drain_rate(cfg: NeocfgConfig, splits, workers: int, epochs: int, split_cost_s: float = 0.0) -> Drain:
+def drain_rate(cfg: NeocfgConfig, splits, workers: int, epochs: int, split_cost_s: float = 0.0,
+               backend: str = "local") -> Drain:
     """What one client gets with `workers` workers, timed from the first batch (worker start-up excluded)."""
-    svc = service(cfg, splits, workers, epochs=epochs, split_cost_s=split_cost_s)
+    svc = service(cfg, splits, workers, epochs=epochs, split_cost_s=split_cost_s, backend=backend)
     try:
         c = svc.clients[0]
         c.next_arrays()
-        wait_ready(svc)
+        wait_ready(svc, workers)
         s0, t0, rows = svc.stats(), time.perf_counter(), 0
         while True:
             try:
@@ -124,12 +145,13 @@ def scaling(cfg: NeocfgConfig, splits, args: argparse.Namespace, split_cost_s: f
             "ratio": best[2].samples_per_s / best[1].samples_per_s}
 
 
-def stall_run(cfg: NeocfgConfig, splits, workers: int, demand: float, seconds: float, split_cost_s: float) -> dict:
-    svc = service(cfg, splits, workers, epochs=None, split_cost_s=split_cost_s)
+def stall_run(cfg: NeocfgConfig, splits, workers: int, demand: float, seconds: float, split_cost_s: float,
+              backend: str = "local") -> dict:
+    svc = service(cfg, splits, workers, epochs=None, split_cost_s=split_cost_s, backend=backend)
     try:
         c = svc.clients[0]
         c.next_arrays()  # start-up (spawning workers) is not a steady-state stall
-        wait_ready(svc)
+        wait_ready(svc, workers)
         step_s = cfg.train.batch_size / demand
         waited0, t0, steps = c.wait_s, time.perf_counter(), 0
         while time.perf_counter() - t0 < seconds:
@@ -143,6 +165,85 @@ def stall_run(cfg: NeocfgConfig, splits, workers: int, demand: float, seconds: f
         svc.close()
 
 
+def local_vs_ray(cfg: NeocfgConfig, splits, args: argparse.Namespace, demand: float) -> dict:
+    """The same 2 workers as local processes and as Ray actors: drain rate and stall under the same trainer."""
+    from neocfg.data.dpp.ray_backend import start_local_ray
+
+    start_local_ray(object_store_mb=256, namespace="neocfg-bench")
+    try:
+        out: dict = {"workers": 2, "split_cost_s": args.split_cost_s, "demand_samples_per_s": demand}
+        for backend in ("local", "ray") * args.reps:  # interleaved, best of reps
+            d = drain_rate(cfg, splits, 2, 1, args.split_cost_s, backend=backend)
+            st = stall_run(cfg, splits, 2, demand, args.stall_seconds, args.split_cost_s, backend=backend)
+            best = out.get(backend)
+            if best is None or d.samples_per_s > best["samples_per_s"]:
+                out[backend] = {"samples_per_s": d.samples_per_s, "stall_fraction": st["stall_fraction"],
+                                "achieved_samples_per_s": st["achieved_samples_per_s"]}
+        out["ray_over_local"] = out["ray"]["samples_per_s"] / out["local"]["samples_per_s"]
+        return out
+    finally:
+        import ray
+
+        ray.shutdown()
+
+
+def autoscale_run(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worker: float) -> dict:
+    """One worker to start with, a trainer that needs several: stall and workers per 1 s window."""
+    limits = ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits, autoscale=True, max_workers=args.autoscale_max,
+                           min_workers=1)
+    demand = args.autoscale_demand * per_worker
+    svc = service(cfg, splits, 1, epochs=None, split_cost_s=args.split_cost_s, limits=limits)
+    windows = []
+    try:
+        c = svc.clients[0]
+        c.next_arrays()
+        wait_ready(svc, 1)
+        step_s = cfg.train.batch_size / demand
+        t0 = last_t = time.perf_counter()
+        last_wait = c.wait_s
+        while time.perf_counter() - t0 < args.autoscale_seconds:
+            c.next_arrays()
+            time.sleep(step_s)
+            now = time.perf_counter()
+            if now - last_t >= 1.0:
+                s = svc.stats()
+                windows.append({"t": now - t0, "stall_fraction": (c.wait_s - last_wait) / (now - last_t),
+                                "workers": s.workers})
+                last_t, last_wait = now, c.wait_s
+        stats = svc.stats()
+    finally:
+        svc.close()
+    tail = windows[-max(1, len(windows) // 3):]
+    return {"demand_samples_per_s": demand, "demand_workers": args.autoscale_demand,
+            "split_cost_s": args.split_cost_s, "target_stall_fraction": AUTOSCALE_STALL_FRACTION,
+            "first_window_stall": windows[0]["stall_fraction"] if windows else None,
+            "final_stall_fraction": sum(w["stall_fraction"] for w in tail) / len(tail) if tail else None,
+            "final_workers": tail[-1]["workers"] if tail else None,
+            "workers_added": stats.workers_added, "workers_retired": stats.workers_retired, "windows": windows}
+
+
+def plot_autoscale(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    w = res["windows"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot([x["t"] for x in w], [x["stall_fraction"] for x in w], label="stall fraction", color="tab:red")
+    ax.axhline(res["target_stall_fraction"], ls="--", color="tab:red", lw=0.8, label="target")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("stall fraction")
+    ax2 = ax.twinx()
+    ax2.step([x["t"] for x in w], [x["workers"] for x in w], where="post", color="tab:blue", label="workers")
+    ax2.set_ylabel("DPP workers")
+    ax.set_title(f"DPP autoscaling: trainer needs {res['demand_workers']:g} x one worker")
+    fig.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=65536)
@@ -151,6 +252,10 @@ def main() -> None:
     ap.add_argument("--split-cost-s", type=float, default=0.1, help="simulated extra cost per split (stall runs)")
     ap.add_argument("--demand-workers", type=float, default=1.5, help="trainer demand in units of one worker")
     ap.add_argument("--stall-seconds", type=float, default=6.0)
+    ap.add_argument("--autoscale-demand", type=float, default=3.0, help="autoscaling run: demand in worker units")
+    ap.add_argument("--autoscale-seconds", type=float, default=40.0)
+    ap.add_argument("--autoscale-max", type=int, default=8)
+    ap.add_argument("--no-ray", action="store_true", help="skip the local vs Ray comparison")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp.json")
     args = ap.parse_args()
 
@@ -188,8 +293,23 @@ def main() -> None:
               f"{planned} workers (headroom {cfg.dsi.headroom}): stall {runs['planned']['stall_fraction']:.1%}; "
               f"{few} worker(s): stall {runs['too_few']['stall_fraction']:.1%}")
 
+        if not args.no_ray:
+            res["local_vs_ray"] = lr = local_vs_ray(cfg, splits, args, demand)
+            print(f"local vs Ray (2 workers, {args.split_cost_s}s simulated per split): drained "
+                  f"{lr['local']['samples_per_s']:,.0f} vs {lr['ray']['samples_per_s']:,.0f} samples/s "
+                  f"(Ray/local x{lr['ray_over_local']:.2f}); stall at {demand:,.0f} samples/s demand "
+                  f"{lr['local']['stall_fraction']:.1%} vs {lr['ray']['stall_fraction']:.1%}")
+
+        res["autoscale"] = a = autoscale_run(cfg, splits, args, per_worker)
+        print(f"autoscale: trainer needs {args.autoscale_demand:g} x one worker; 1 worker at start: stall "
+              f"{a['first_window_stall']:.1%} in the first second -> {a['final_stall_fraction']:.1%} over the last "
+              f"third with {a['final_workers']} workers (target {a['target_stall_fraction']:.0%}; "
+              f"{a['workers_added']} added, {a['workers_retired']} retired)")
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
+    if res.get("autoscale", {}).get("windows"):
+        plot_autoscale(res["autoscale"], args.out.with_name(args.out.stem + "_autoscale.png"))
     print(f"results written to {args.out}")
 
 

@@ -68,3 +68,20 @@ def test_train_from_parquet_learns(cli, tmp_path):
     assert r.returncode == 0, r.stderr
     m = json.loads(sorted((tmp_path / "outputs").rglob("metrics.json"))[-1].read_text())
     assert m["final_loss_mean_last_10"] < m["initial_loss"] and m["eval_auc"] > 0.65
+
+
+def test_prod_like_trains_through_dpp_with_the_planned_worker_hosts(cli, tmp_path):
+    """dsi=prod_like reads Parquet through DPP; the planner's worker hosts become local worker processes per rank,
+    and the run says how."""
+    r = cli("mode=gen_data", "dsi=prod_like", "dsi.num_samples=3000", "dsi.eval_samples=500")
+    assert r.returncode == 0, r.stderr
+    r = cli("mode=train", "dsi=prod_like", "train.steps=3", "train.batch_size=64", "train.eval_batches=1",
+            "planner.algorithm=greedy")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if line.startswith("DPP: the plan sizes")]
+    assert len(said) == 1 and "dpp_c64_nic25 worker host(s)" in said[0] and "local worker processes per rank" in \
+        said[0], r.stdout
+    assert "warning" not in r.stdout
+    m = json.loads(sorted((tmp_path / "outputs").rglob("metrics.json"))[-1].read_text())
+    assert all(d["dpp.workers_source"] == "planner" for d in m["data_per_rank"])
+    assert m["duplicate_samples"] == 0 and m["samples_delivered"] == 2 * 3 * 64

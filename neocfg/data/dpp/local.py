@@ -123,6 +123,10 @@ class LocalDppService:
             except OSError:
                 pass
 
+    def workers_ready(self) -> int:
+        """Workers started and not retiring (benchmarks wait for them: start-up is not throughput)."""
+        return sum(1 for w in list(self.workers.values()) if w.ready and not w.retiring)
+
     def worker_pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers.values() if w.proc.pid is not None]
 

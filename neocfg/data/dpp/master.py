@@ -22,6 +22,7 @@ Callers serialize access (a lock, or an actor's thread).
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -43,6 +44,9 @@ AUTOSCALE_PERIOD_S = 1.0
 AUTOSCALE_STALL_FRACTION = 0.05
 # ... and retire one when they waited less than this fraction while the buffer was full.
 AUTOSCALE_IDLE_FRACTION = 0.001
+# A stall measured above this counts as this when sizing an addition (at most 1 / (1 - 0.75) = 4x the workers in one
+# step: a period that includes start-up waits can read close to 1).
+AUTOSCALE_MAX_STALL = 0.75
 
 
 @dataclass(frozen=True)
@@ -117,9 +121,10 @@ def autoscale_step(master: "Master", now: float, workers: list[Any], spawn: Call
     """Ask the master for a scaling decision and carry it out with the transport's spawn/retire: a retired worker
     is an idle one, or the last one once it finished its split."""
     active = [w for w in workers if not w.retiring]
-    decision = master.scale(now, len(active), any(not w.ready for w in active))
+    decision, count = master.scale(now, len(active), any(not w.ready for w in active))
     if decision is Scale.add:
-        spawn()
+        for _ in range(count):
+            spawn()
     elif decision is Scale.retire:
         victim = next((w for w in active if w.task is None), active[-1])
         victim.retiring = True
@@ -292,26 +297,32 @@ class Master(Generic[P]):
         return f"{head}: dsi.transforms.{i} ({what}) dropped {n:,} of them; relax that filter or check the data"
 
     # ---- scaling ----------------------------------------------------------------------------------------------
-    def scale(self, now: float, active: int, starting: bool) -> Scale:
-        """Once per AUTOSCALE_PERIOD_S: add a worker while clients stall, retire one while nobody waits and the
-        buffer is full. `active`: workers not retiring; `starting`: one of them is not ready yet (judge later)."""
+    def scale(self, now: float, active: int, starting: bool) -> tuple[Scale, int]:
+        """Once per AUTOSCALE_PERIOD_S: add workers while clients stall, retire one while nobody waits and the buffer
+        is full. `active`: workers not retiring; `starting`: one of them is not ready yet (judge once it helps).
+
+        Workers added: clients that waited a fraction s of the period got (1 - s) of what they wanted, so the
+        workers needed are about active / (1 - s); that many (at least one) are added at once, up to max_workers,
+        so that slow worker start-up does not make scaling take one start-up per worker."""
         limits = self.setup.limits
         if not limits.autoscale:
-            return Scale.keep
+            return Scale.keep, 0
         if self._last_scale is None:
             self._last_scale, self._scale_wait = now, sum(self.wait_s)
-            return Scale.keep
+            return Scale.keep, 0
         if now - self._last_scale < AUTOSCALE_PERIOD_S:
-            return Scale.keep
+            return Scale.keep, 0
         waited = sum(self.wait_s) - self._scale_wait
-        stall = waited / ((now - self._last_scale) * self.setup.num_clients)
+        stall = min(waited / ((now - self._last_scale) * self.setup.num_clients), AUTOSCALE_MAX_STALL)
         self._last_scale, self._scale_wait = now, sum(self.wait_s)
         if starting:
-            return Scale.keep
+            return Scale.keep, 0
         if stall > AUTOSCALE_STALL_FRACTION and active < limits.max_workers and not self.queue.exhausted:
-            self.counters.workers_added += 1
-            return Scale.add
+            add = max(1, math.ceil(active / (1.0 - stall)) - active)
+            add = min(add, limits.max_workers - active)
+            self.counters.workers_added += add
+            return Scale.add, add
         if stall < AUTOSCALE_IDLE_FRACTION and len(self.ready) >= self.capacity and active > limits.min_workers:
             self.counters.workers_retired += 1
-            return Scale.retire
-        return Scale.keep
+            return Scale.retire, 1
+        return Scale.keep, 0

@@ -322,6 +322,10 @@ class RayMasterImpl:
             s.workers = sum(1 for w in self.workers.values() if not w.retiring)
             return s
 
+    def workers_ready(self) -> int:
+        with self.cond:
+            return sum(1 for w in self.workers.values() if w.ready and not w.retiring)
+
     def worker_handles(self, busy_only: bool = False) -> list[Any]:
         with self.cond:
             return [w.handle for w in self.workers.values() if w.task is not None or not busy_only]
@@ -414,6 +418,9 @@ class RayDppService:
 
     def worker_handles(self, busy_only: bool = False) -> list[Any]:
         return ray.get(self.master.worker_handles.remote(busy_only))
+
+    def workers_ready(self) -> int:
+        return ray.get(self.master.workers_ready.remote())
 
     def close(self) -> None:
         if self._closed or self.master is None:
