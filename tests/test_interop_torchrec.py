@@ -180,3 +180,24 @@ def test_torchrec_plan_round_trip_and_rating():
         assert shards(a[name]) == shards(b[name]), name
     again = from_sharding_plan(back, model, sharders, WORLD, WORLD, BATCH, "m")
     assert again.tables == rated.tables
+
+
+def test_planner_reads_module_constraints_and_topology():
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    model = _model("meta")
+    topo = Topology(world_size=4, local_world_size=2, compute_device="cuda", hbm_cap=16 * 1024**3)
+    constraints = {"cw": ParameterConstraints(pooling_factors=[3.0, 2.0]),
+                   "dp": ParameterConstraints(sharding_types=["data_parallel"])}
+    cfg = NeocfgShardingPlanner(topology=topo, batch_size=128, constraints=constraints).config(
+        model, [EmbeddingBagCollectionSharder()])
+    tables = {t.name: t for t in cfg.model.tables}
+    assert [(t.num_embeddings, t.embedding_dim) for t in cfg.model.tables] == [(r, d) for _, r, d, _ in TABLES]
+    assert tables["cw"].pooling_factor == 5.0 and tables["tw"].pooling_factor == 1.0
+    assert [s.value for s in tables["dp"].sharding_types] == ["data_parallel"]
+    hw = cfg.hardware
+    assert (hw.nodes, hw.devices_per_node, hw.device.hbm_gib, cfg.train.batch_size) == (2, 2, 16.0, 128)
+    assert "row_wise" in [s.value for s in cfg.planner.sharding_types]  # TorchRec offers row-wise on CUDA
+    cpu = NeocfgShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=128).config(
+        model, [EmbeddingBagCollectionSharder()])
+    assert "row_wise" not in [s.value for s in cpu.planner.sharding_types]  # ... but not on CPU

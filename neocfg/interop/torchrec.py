@@ -91,7 +91,8 @@ def _table_config(t: EmbeddingBagConfig, c: Optional[ParameterConstraints]) -> T
     shardings = None
     tiers = None
     if c is not None and c.sharding_types:
-        shardings = [ShardingType(s) for s in c.sharding_types if s in ShardingType._value2member_map_]
+        known = {m.value for m in ShardingType}
+        shardings = [ShardingType(s) for s in c.sharding_types if s in known]
     if c is not None and c.compute_kernels:
         tiers = sorted({TIER_OF_KERNEL[k] for k in c.compute_kernels if k in TIER_OF_KERNEL}, key=lambda m: m.value)
         if not tiers and EmbeddingComputeKernel.DENSE.value in c.compute_kernels:

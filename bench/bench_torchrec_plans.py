@@ -1,0 +1,308 @@
+"""neocfg's planner against TorchRec's EmbeddingShardingPlanner (issue 12 item 7), side by side in one run.
+
+1. Planning time: NeocfgShardingPlanner.plan vs EmbeddingShardingPlanner.plan on the same TorchRec module (a
+   DLRM of the model's tables on the meta device) and Topology, interleaved repeats, medians, ratio.
+2. Both estimators on both plans: neocfg's rating (NeocfgShardingPlanner.rate / planner.estimate) and TorchRec's
+   (its shard estimators, EmbeddingPerfEstimator, through its perf model's rule: the busiest rank's summed shard
+   perf, the number its planner minimizes), each plan's shards placed on that plan's ranks.
+3. Measured: neocfg's plan and TorchRec's plan of the Criteo Kaggle tables (rows capped) trained in neocfg's runtime
+   on cpu_local with 2 and 4 ranks (mode=train's entry), repeats interleaved plan by plan, medians and ratio.
+   Both planners get the same option space: TorchRec's EBC sharder plus row-wise on CPU
+   (CpuRowWiseEmbeddingBagCollectionSharder); neocfg's plan is neocfg's own (model=criteo_kaggle, cpu_local).
+
+    .venv-torchrec/bin/python bench/bench_torchrec_plans.py [--quick] [--repeats 5] [--steps 300]
+        [--out outputs/bench/bench_torchrec_plans.json]   (and the .png beside it; --plot-only redraws it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import logging
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cap_rows, compose_cfg, emit  # noqa: E402
+
+import torch  # noqa: E402
+from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: E402
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator  # noqa: E402
+from torchrec.distributed.planner.types import ParameterConstraints, Topology  # noqa: E402
+from torchrec.models.dlrm import DLRM  # noqa: E402
+from torchrec.modules.embedding_configs import EmbeddingBagConfig  # noqa: E402
+from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: E402
+
+from neocfg.interop.torchrec import (CpuRowWiseEmbeddingBagCollectionSharder, NeocfgShardingPlanner,  # noqa: E402
+                                     from_sharding_plan)
+from neocfg.interop.export import to_torchrec_dict  # noqa: E402
+from neocfg.planner import make_plan  # noqa: E402
+from neocfg.planner.estimate import rate_plan  # noqa: E402
+from neocfg.runtime.run import run  # noqa: E402
+
+EBC_PATH = "sparse_arch.embedding_bag_collection"
+# The GPU topology of part 1 and 2: TorchRec's defaults for an 8-GPU host, 2 hosts (ZionEX-like).
+GPU_WORLD, GPU_LOCAL = 16, 8
+
+
+def module_of(cfg) -> DLRM:
+    tables = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
+                                 feature_names=[f"f_{t.name}"]) for t in cfg.model.tables]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    d = cfg.model.tables[0].embedding_dim
+    return DLRM(embedding_bag_collection=ebc, dense_in_features=cfg.model.num_dense_features,
+                dense_arch_layer_sizes=[64, d], over_arch_layer_sizes=[64, 1])
+
+
+def constraints_of(cfg) -> dict[str, ParameterConstraints]:
+    return {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in cfg.model.tables}
+
+
+def sharders():
+    return [CpuRowWiseEmbeddingBagCollectionSharder()]
+
+
+def torchrec_rating(module, plan_dict: dict[str, Any], topology: Topology, batch: int,
+                    constraints: dict[str, ParameterConstraints]) -> dict[str, Any]:
+    """TorchRec's estimate of a plan (torchrec_plan.json data): each table's option enumerated by TorchRec with the
+    plan's sharding type, kernel and column width, its shards' perf summed on the plan's ranks; the rating is the
+    busiest rank's total (NoopPerfModel.rate, what EmbeddingShardingPlanner minimizes), in ms."""
+    forced = {}
+    for name, e in plan_dict["tables"].items():
+        c = dataclasses.replace(constraints[name], sharding_types=[e["sharding_type"]],
+                                compute_kernels=[e["compute_kernel"]])
+        if e["sharding_type"] in ("column_wise", "table_column_wise"):
+            c = dataclasses.replace(c, min_partition=e["shards"][0]["sizes"][1])
+        forced[name] = c
+    options = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=forced).enumerate(
+        module, sharders())
+    per_rank = [0.0] * topology.world_size
+    parts = {"fwd_compute": 0.0, "fwd_comms": 0.0, "bwd_compute": 0.0, "bwd_comms": 0.0}
+    unmatched = []
+    for name, e in plan_dict["tables"].items():
+        sizes = None if e["shards"] is None else [s["sizes"] for s in e["shards"]]
+        cands = [o for o in options if o.name == name and o.sharding_type == e["sharding_type"]
+                 and o.compute_kernel == e["compute_kernel"]
+                 and (sizes is None or [list(s.size) for s in o.shards] == sizes)]
+        if not cands:
+            unmatched.append(name)
+            continue
+        for shard, rank in zip(cands[0].shards, e["ranks"]):
+            per_rank[rank] += shard.perf.total
+    busiest = max(range(len(per_rank)), key=per_rank.__getitem__)
+    for name, e in plan_dict["tables"].items():
+        if name in unmatched:
+            continue
+        opt = next(o for o in options if o.name == name and o.sharding_type == e["sharding_type"]
+                   and o.compute_kernel == e["compute_kernel"])
+        for shard, rank in zip(opt.shards, e["ranks"]):
+            if rank == busiest:
+                for k in parts:
+                    parts[k] += getattr(shard.perf, k)
+    return {"rating_ms": max(per_rank), "per_rank_ms": [round(x, 4) for x in per_rank],
+            "busiest_rank_terms_ms": {k: round(v, 4) for k, v in parts.items()}, "unmatched_tables": unmatched}
+
+
+def kinds(plan) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in plan.tables:
+        out[t.sharding.value] = out.get(t.sharding.value, 0) + 1
+    return out
+
+
+def neocfg_terms(plan) -> dict[str, float]:
+    busiest = max(plan.devices, key=lambda d: d.total_ms)
+    return {"step_ms": round(plan.estimate.step_ms, 4), "busiest_compute_ms": round(busiest.compute_ms, 4),
+            "busiest_comm_ms": round(busiest.comm_ms, 4), "dense_ms": round(plan.estimate.dense_ms, 4)}
+
+
+def compare_planners(model: str, repeats: int, batch: int) -> dict[str, Any]:
+    """Parts 1 and 2 on a GPU topology of GPU_WORLD devices."""
+    cfg = compose_cfg([f"model={model}", "hardware=zionex_2node", f"train.batch_size={batch}"])
+    module = module_of(cfg)
+    topo = Topology(world_size=GPU_WORLD, local_world_size=GPU_LOCAL, compute_device="cuda")
+    cons = constraints_of(cfg)
+    ours = NeocfgShardingPlanner(topology=topo, batch_size=batch, constraints=cons, model_name=model)
+    times: dict[str, list[float]] = {"neocfg": [], "torchrec": []}
+    plans: dict[str, Any] = {}
+    for _ in range(repeats):  # interleaved
+        t = time.perf_counter()
+        plans["neocfg"] = ours.plan(module, sharders())
+        times["neocfg"].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        theirs = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=cons, debug=False)
+        plans["torchrec"] = theirs.plan(module, sharders())
+        times["torchrec"].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    result: dict[str, Any] = {"model": model, "tables": len(cfg.model.tables), "world": GPU_WORLD,
+                              "planning_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
+                              "planning_s_median": {k: round(v, 3) for k, v in med.items()},
+                              "torchrec_over_neocfg_planning_time": round(med["torchrec"] / med["neocfg"], 2)}
+    result.update(rate_both(ours, module, plans, topo, batch, cons))
+    return result
+
+
+def rate_both(ours: NeocfgShardingPlanner, module, plans: dict[str, Any], topo: Topology, batch: int,
+              cons: dict[str, ParameterConstraints], cfg=None) -> dict[str, Any]:
+    """Both estimators on both plans (cfg: rate with this neocfg config instead of the planner's own)."""
+    out: dict[str, Any] = {"neocfg_estimate": {}, "torchrec_estimate": {}, "shardings": {}}
+    for who, sp in plans.items():
+        if cfg is None:
+            rated = ours.rate(module, sp, sharders())
+        else:
+            rated = rate_plan(cfg, from_sharding_plan(sp, module, sharders(), topo.world_size,
+                                                      topo.local_world_size, batch, cfg.model.name), who)
+        out["neocfg_estimate"][who] = neocfg_terms(rated)
+        out["torchrec_estimate"][who] = torchrec_rating(module, to_torchrec_dict(rated, topo.compute_device), topo,
+                                                        batch, cons)
+        out["shardings"][who] = kinds(rated)
+    n, t = out["neocfg_estimate"], out["torchrec_estimate"]
+    out["neocfg_says_torchrec_over_neocfg"] = round(n["torchrec"]["step_ms"] / n["neocfg"]["step_ms"], 3)
+    out["torchrec_says_torchrec_over_neocfg"] = round(t["torchrec"]["rating_ms"] / t["neocfg"]["rating_ms"], 3)
+    return out
+
+
+def measure(world: int, rows_cap: int, batch: int, steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
+    """Part 3: both plans of capped Criteo Kaggle in neocfg's runtime on `world` local CPU ranks."""
+    base = ["model=criteo_kaggle", *cap_rows("criteo_kaggle", rows_cap), "hardware=cpu_local",
+            f"hardware.devices_per_node={world}", f"train.batch_size={batch}", f"train.steps={steps}",
+            "train.eval_batches=0", f"train.log_every={steps}"]
+    cfg = compose_cfg(["mode=train", *base])
+    module = module_of(cfg)
+    topo = Topology(world_size=world, local_world_size=world, compute_device="cpu")
+    cons = constraints_of(cfg)
+    t = time.perf_counter()
+    neocfg_plan = make_plan(cfg)
+    neocfg_s = time.perf_counter() - t
+    t = time.perf_counter()
+    torchrec_sp = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=cons,
+                                           debug=False).plan(module, sharders())
+    torchrec_s = time.perf_counter() - t
+    torchrec_plan = rate_plan(cfg, from_sharding_plan(torchrec_sp, module, sharders(), world, world, batch,
+                                                      cfg.model.name), "torchrec")
+    files = {}
+    for who, plan in (("neocfg", neocfg_plan), ("torchrec", torchrec_plan)):
+        files[who] = tmp / f"plan_{who}_{world}.json"
+        plan.save(files[who])
+    from neocfg.interop.torchrec import to_sharding_plan
+
+    sps = {"neocfg": to_sharding_plan(to_torchrec_dict(neocfg_plan, "cpu"),
+                                      {t.name: EBC_PATH for t in cfg.model.tables}), "torchrec": torchrec_sp}
+    ours = NeocfgShardingPlanner(topology=topo, batch_size=batch, constraints=cons, hardware="cpu_local")
+    rated = rate_both(ours, module, sps, topo, batch, cons, cfg=cfg)
+    measured: dict[str, list[float]] = {"neocfg": [], "torchrec": []}
+    for i in range(repeats):  # interleaved: neocfg, torchrec, neocfg, ...
+        for who in ("neocfg", "torchrec") if i % 2 == 0 else ("torchrec", "neocfg"):
+            run_cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, plan_file=str(files[who])))
+            with contextlib.redirect_stdout(io.StringIO()):  # run() prints its report; the JSON keeps the numbers
+                m = run(run_cfg, tmp / f"run_{who}_{world}_{i}")
+            measured[who].append(m["measured_step_ms"])
+            print(f"  world {world} {who} repeat {i}: {m['measured_step_ms']:.2f} ms/step", file=sys.stderr,
+                  flush=True)
+    med = {k: statistics.median(v) for k, v in measured.items()}
+    # Each repeat runs both plans back to back: the ratio within a pair is less exposed to the machine's load drifting
+    # between repeats than the ratio of the medians.
+    pairs = [t / n for n, t in zip(measured["neocfg"], measured["torchrec"])]
+    return {"world": world, "rows_cap": rows_cap, "batch_per_rank": batch, "steps": steps, "repeats": repeats,
+            "planning_s": {"neocfg": round(neocfg_s, 3), "torchrec": round(torchrec_s, 3)},
+            "measured_step_ms": {k: [round(x, 2) for x in v] for k, v in measured.items()},
+            "measured_step_ms_median": {k: round(v, 2) for k, v in med.items()},
+            "measured_torchrec_over_neocfg": round(med["torchrec"] / med["neocfg"], 3),
+            "paired_torchrec_over_neocfg": [round(x, 3) for x in pairs],
+            "paired_torchrec_over_neocfg_median": round(statistics.median(pairs), 3), **rated}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Left: planning time per model; right: measured step per world size (median and every repeat)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_p, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+    colors = {"neocfg": "#4c72b0", "torchrec": "#dd8452"}
+    for i, r in enumerate(result["planning"]):
+        for j, who in enumerate(("neocfg", "torchrec")):
+            ax_p.bar(i + 0.4 * j - 0.2, r["planning_s_median"][who], 0.4, color=colors[who],
+                     label=who if i == 0 else None)
+    ax_p.set_xticks(range(len(result["planning"])),
+                    [f"{r['model']}\n{r['world']} GPUs" for r in result["planning"]])
+    ax_p.set_ylabel("planning time, s (median)")
+    ax_p.legend()
+    for i, r in enumerate(result["measured"]):
+        for j, who in enumerate(("neocfg", "torchrec")):
+            x = i + 0.4 * j - 0.2
+            ax_m.bar(x, r["measured_step_ms_median"][who], 0.4, color=colors[who],
+                     label=f"{who} plan" if i == 0 else None)
+            ax_m.plot([x] * len(r["measured_step_ms"][who]), r["measured_step_ms"][who], "k.", ms=4)
+    ax_m.set_xticks(range(len(result["measured"])),
+                    [f"cpu_local x{r['world']}" for r in result["measured"]])
+    ax_m.set_ylabel("measured ms per step in neocfg's runtime")
+    ax_m.set_title("criteo_kaggle (rows capped): median, dots = repeats", fontsize=9)
+    ax_m.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="1 planning repeat, 2 measured repeats of 60 steps")
+    ap.add_argument("--models", default="criteo_kaggle,dcnv2_mlperf")
+    ap.add_argument("--plan-repeats", type=int, default=3)
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--skip-planning", action="store_true")
+    ap.add_argument("--skip-measure", action="store_true")
+    ap.add_argument("--out", default="outputs/bench/bench_torchrec_plans.json")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's JSON")
+    a = ap.parse_args()
+    png = Path(a.out).with_suffix(".png")
+    if a.plot_only:
+        import json
+
+        plot(json.loads(Path(a.out).read_text()), png)
+        return
+    if a.quick:
+        a.plan_repeats, a.repeats, a.steps = 1, 2, 60
+    logging.disable(logging.WARNING)  # TorchRec's planner logs its tables and warnings at length
+    warnings.filterwarnings("ignore")
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"bench": "bench_torchrec_plans", "planning": [], "measured": []}
+    if not a.skip_planning:
+        for model in a.models.split(","):
+            r = compare_planners(model, a.plan_repeats, 512)
+            result["planning"].append(r)
+            print(f"{model} on {GPU_WORLD} GPUs: planning neocfg {r['planning_s_median']['neocfg']:.2f} s, TorchRec "
+                  f"{r['planning_s_median']['torchrec']:.2f} s -> TorchRec/neocfg x{r['torchrec_over_neocfg_planning_time']}"
+                  f"; TorchRec plan / neocfg plan: by neocfg's estimate x{r['neocfg_says_torchrec_over_neocfg']}, by "
+                  f"TorchRec's x{r['torchrec_says_torchrec_over_neocfg']}", flush=True)
+    if not a.skip_measure:
+        with tempfile.TemporaryDirectory() as tmp:
+            for world in (int(x) for x in a.worlds.split(",")):
+                r = measure(world, a.rows_cap, a.batch, a.steps, a.repeats, Path(tmp))
+                result["measured"].append(r)
+                med = r["measured_step_ms_median"]
+                print(f"criteo_kaggle (rows <= {a.rows_cap:,}) on cpu_local x{world}: measured neocfg plan "
+                      f"{med['neocfg']:.2f} ms, TorchRec plan {med['torchrec']:.2f} ms (median of {a.repeats}) -> "
+                      f"TorchRec/neocfg x{r['measured_torchrec_over_neocfg']} (median of paired ratios "
+                      f"x{r['paired_torchrec_over_neocfg_median']}); estimates TorchRec/neocfg: neocfg "
+                      f"x{r['neocfg_says_torchrec_over_neocfg']}, TorchRec x{r['torchrec_says_torchrec_over_neocfg']}",
+                      flush=True)
+    emit(result, a.out)
+    plot(result, png)
+    print(f"plot {png}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
