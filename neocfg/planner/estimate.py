@@ -21,7 +21,7 @@ from neocfg.planner.assemble import assemble
 from neocfg.planner.costs import GIB, CostModel, dense_cost
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.options import SLICED
-from neocfg.planner.types import Placement, ShardingOption, SolveResult
+from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult
 
 GIVEN_STATUS = "given plan, rated without solving (no lower bound)"
 
@@ -56,14 +56,15 @@ def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str) -> Plan:
                               f" and {loads.host[bad] / GIB:,.2f} GiB of host DDR (usable "
                               f"{cost.capacity.host / GIB:,.2f})")
     result = SolveResult(placements=placements, algorithm=GIVEN_PLAN_ALGORITHM, status=GIVEN_STATUS, seconds=0.0,
-                         lower_bound_ms=0.0)
+                         lower_bound_ms=0.0, placement_source=PlacementSource.given)
     rated = assemble(cfg, cost, dense_cost(cfg), result)
     by_name = {t.name: t for t in plan.tables}
     step = rated.estimate.step_ms
     rated = dataclasses.replace(
         rated, tables=tuple(by_name[t.name] for t in cfg.model.tables),
         solver=SolverReport(algorithm=GIVEN_PLAN_ALGORITHM, status=GIVEN_STATUS,
-                            seconds=time.perf_counter() - start, objective_ms=step, lower_bound_ms=0.0, gap=1.0))
+                            seconds=time.perf_counter() - start, objective_ms=step, lower_bound_ms=0.0, gap=1.0,
+                            placement_source=PlacementSource.given.value))
     return size_dpp(cfg, rated)
 
 

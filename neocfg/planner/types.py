@@ -143,6 +143,7 @@ class PlacementSource(Enum):
     ilp_choice = "ilp_choice"    # the aggregated ILP chose each table's option; placed largest first + local search
     warm_start = "warm_start"    # the greedy plan improved by local search (the ILP's warm start): no ILP plan beat it
     greedy = "greedy"            # planner.algorithm=greedy
+    given = "given"              # a given plan rated without solving (planner.plan_file in mode=plan, TorchRec plans)
 
 
 @dataclass(frozen=True)
