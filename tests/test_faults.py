@@ -376,3 +376,15 @@ def test_advice_for_too_little_memory_is_verified(cli):
     assert nodes, line
     r = cli("mode=plan", *small, f"hardware.nodes={nodes.group(1)}", "planner.algorithm=greedy")
     assert r.returncode == 0, r.stderr  # the advised node count fits
+
+
+def test_advice_search_stops_at_its_budget_and_says_so():
+    """A huge model makes every probe slow: past the budget the message says the search stopped (no guess)."""
+    from neocfg.errors import InfeasibleError
+    from neocfg.planner.advice import advise
+
+    cfg = compose_cfg(["mode=plan", "model.tables.6.num_embeddings=40000000", "hardware.device.hbm_gib=0.5",
+                       "hardware.host.ddr_gib=1"])
+    msg = str(advise(cfg, InfeasibleError("table t6 does not fit; would fit with hardware.nodes>=2"), budget_s=0.0))
+    assert msg == "table t6 does not fit; no change was verified to fit within 0 s of checking (fp16 weights, more" \
+                  " nodes, a smaller batch: plan them to see)"

@@ -30,6 +30,9 @@ from neocfg.types import MemoryTier, PlannerAlgorithm, ShardingType, WeightsDtyp
 
 # Seconds between progress lines while planning (NEOCFG_PROGRESS_EVERY_S overrides it, e.g. for tests).
 PROGRESS_EVERY_S = 10.0
+# Seconds spent verifying changes after a failed plan: every probe is a real (greedy) plan, which takes seconds on
+# an 856-table model; past this the message gives what has been verified so far and says that it stopped.
+ADVICE_BUDGET_S = 60.0
 # The planners' own suggestions, cut from their messages before the verified ones are appended.
 _SUGGESTION = re.compile(r";\s*(would fit with|no allowed setting makes it fit).*$")
 
@@ -57,6 +60,22 @@ def fits(cfg: NeocfgConfig) -> bool:
     return True
 
 
+class _OutOfTime(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Prober:
+    """`fits` with a deadline: raises _OutOfTime once the advice budget is spent."""
+
+    deadline: float
+
+    def fits(self, cfg: NeocfgConfig) -> bool:
+        if time.perf_counter() > self.deadline:
+            raise _OutOfTime
+        return fits(cfg)
+
+
 def with_nodes(cfg: NeocfgConfig, nodes: int) -> NeocfgConfig:
     return dataclasses.replace(cfg, hardware=dataclasses.replace(cfg.hardware, nodes=nodes, world_size=None))
 
@@ -77,23 +96,23 @@ def _boundary(good: int, bad: int, ok: Callable[[int], bool]) -> int:
     return good
 
 
-def smallest_nodes(cfg: NeocfgConfig) -> Optional[int]:
+def smallest_nodes(cfg: NeocfgConfig, probe: Prober) -> Optional[int]:
     """Fewest nodes (more than now, at most MAX_NODES) with which cfg fits: doubling, then bisection; the
     answer itself has been planned."""
     n = lo = cfg.hardware.nodes
     while n < MAX_NODES:
         n = min(MAX_NODES, n * 2)
-        if fits(with_nodes(cfg, n)):
-            return _boundary(n, lo, lambda m: fits(with_nodes(cfg, m)))
+        if probe.fits(with_nodes(cfg, n)):
+            return _boundary(n, lo, lambda m: probe.fits(with_nodes(cfg, m)))
         lo = n
     return None
 
 
-def largest_batch(cfg: NeocfgConfig) -> Optional[int]:
+def largest_batch(cfg: NeocfgConfig, probe: Prober) -> Optional[int]:
     """Largest train.batch_size (below the current one) with which cfg fits; None if not even 1 does."""
-    if not fits(with_batch(cfg, 1)):
+    if not probe.fits(with_batch(cfg, 1)):
         return None
-    return _boundary(1, cfg.train.batch_size, lambda b: fits(with_batch(cfg, b)))
+    return _boundary(1, cfg.train.batch_size, lambda b: probe.fits(with_batch(cfg, b)))
 
 
 def _fp16(cfg: NeocfgConfig) -> Optional[Change]:
@@ -116,33 +135,38 @@ def _unrestricted(cfg: NeocfgConfig) -> list[Change]:
     return out
 
 
-def verified_changes(cfg: NeocfgConfig) -> tuple[list[str], bool]:
+def verified_changes(cfg: NeocfgConfig, probe: Prober) -> tuple[list[str], bool]:
     """The changes that make cfg fit, each verified by planning; and whether the batch size is what does not fit
-    (a smaller batch fits while neither more nodes nor lighter weights do)."""
+    (a smaller batch fits while neither more nodes nor lighter weights do). Appends to `found` as it goes, so that
+    what was verified before the budget ran out (_OutOfTime) is kept."""
     found: list[str] = []
-    singles = [c for c in (_fp16(cfg), *_unrestricted(cfg)) if c is not None]
-    for change in singles:
-        if fits(change.cfg):
-            found.append(change.text)
-    nodes = smallest_nodes(cfg)
-    if nodes is not None:
-        found.append(f"hardware.nodes>={nodes}")
-    fp16 = _fp16(cfg)
-    if fp16 is not None and fp16.text not in found:
-        nodes16 = smallest_nodes(fp16.cfg)
-        if nodes16 is not None and (nodes is None or nodes16 < nodes):
-            found.append(f"{fp16.text} with hardware.nodes>={nodes16}")
-    if found or cfg.train.batch_size <= 1:
+    try:
+        for change in (c for c in (_fp16(cfg), *_unrestricted(cfg)) if c is not None):
+            if probe.fits(change.cfg):
+                found.append(change.text)
+        nodes = smallest_nodes(cfg, probe)
+        if nodes is not None:
+            found.append(f"hardware.nodes>={nodes}")
+        fp16 = _fp16(cfg)
+        if fp16 is not None and fp16.text not in found:
+            nodes16 = smallest_nodes(fp16.cfg, probe)
+            if nodes16 is not None and (nodes is None or nodes16 < nodes):
+                found.append(f"{fp16.text} with hardware.nodes>={nodes16}")
+        if found or cfg.train.batch_size <= 1:
+            return found, False
+        batch = largest_batch(cfg, probe)
+    except _OutOfTime:
         return found, False
-    batch = largest_batch(cfg)
     return ([f"train.batch_size<={batch:,}"], True) if batch is not None else ([], False)
 
 
-def advise(cfg: NeocfgConfig, exc: InfeasibleError) -> InfeasibleError:
+def advise(cfg: NeocfgConfig, exc: InfeasibleError, budget_s: float = ADVICE_BUDGET_S) -> InfeasibleError:
     """The planner's reason with verified changes in place of its guesses."""
     reason = _SUGGESTION.sub("", str(exc))
+    probe = Prober(time.perf_counter() + budget_s)
     with planning_progress(cfg, "checking which changes make it fit"):
-        found, batch_bound = verified_changes(cfg)
+        found, batch_bound = verified_changes(cfg, probe)
+    stopped = time.perf_counter() > probe.deadline
     if batch_bound:
         # Nothing but the batch size helps: the batch is the problem, not whichever table the planner met first.
         return InfeasibleError(
@@ -150,11 +174,15 @@ def advise(cfg: NeocfgConfig, exc: InfeasibleError) -> InfeasibleError:
             f" (per device): the per-batch buffers leave no room, whatever the nodes or weights precision; verified"
             f" to fit: {found[-1]}")
     if not found:
+        if stopped:
+            return InfeasibleError(f"{reason}; no change was verified to fit within {budget_s:.0f} s of checking"
+                                   f" (fp16 weights, more nodes, a smaller batch: plan them to see)")
         tried = ["fp16 weights", f"up to {MAX_NODES:,} nodes"]
         if cfg.train.batch_size > 1:
             tried.append("a smaller train.batch_size")
         return InfeasibleError(f"{reason}; no change neocfg tried makes it fit ({', '.join(tried)})")
-    return InfeasibleError(f"{reason}; verified to fit: {' or '.join(found)}")
+    more = f" (checking stopped after {budget_s:.0f} s: smaller changes may fit too)" if stopped else ""
+    return InfeasibleError(f"{reason}; verified to fit: {' or '.join(found)}{more}")
 
 
 @contextlib.contextmanager
