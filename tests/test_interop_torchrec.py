@@ -32,8 +32,9 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter  # noqa: E402
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor  # noqa: E402
 
 from neocfg.interop.torchrec import (CpuRowWiseEmbeddingBagCollectionSharder, NeocfgShardingPlanner,  # noqa: E402
-                                     from_sharding_plan, load_torchrec_plan, to_sharding_plan)
+                                     from_sharding_plan, load_torchrec_plan, plan_json_of, to_sharding_plan)
 from neocfg.interop.export import to_torchrec_dict  # noqa: E402
+from neocfg.plan_check import load_plan_file  # noqa: E402
 
 WORLD, BATCH, STEPS, DENSE = 2, 32, 16, 13
 # One table per sharding type (name, rows, dim, type); 32 columns give column slices of 16 or 8.
@@ -159,7 +160,7 @@ def test_dmp_trains_with_exported_plan(tmp_path, cli):
     _check(_train(tmp_path, str(exported)))
 
 
-def test_torchrec_plan_round_trip_and_rating():
+def test_torchrec_plan_round_trip_and_rating(tmp_path):
     """TorchRec's own planner's plan -> neocfg plan (validated, rated) -> TorchRec plan: the same shardings."""
     model, sharders = _model("meta"), _sharders()
     topo = Topology(world_size=WORLD, compute_device="cpu")
@@ -180,6 +181,8 @@ def test_torchrec_plan_round_trip_and_rating():
         assert shards(a[name]) == shards(b[name]), name
     again = from_sharding_plan(back, model, sharders, WORLD, WORLD, BATCH, "m")
     assert again.tables == rated.tables
+    plan_json_of(theirs, model, sharders, planner, tmp_path / "plan.json")  # a plan.json mode=train can take
+    assert load_plan_file(tmp_path / "plan.json", None, WORLD).tables == rated.tables
 
 
 def test_planner_reads_module_constraints_and_topology():
@@ -198,6 +201,12 @@ def test_planner_reads_module_constraints_and_topology():
     hw = cfg.hardware
     assert (hw.nodes, hw.devices_per_node, hw.device.hbm_gib, cfg.train.batch_size) == (2, 2, 16.0, 128)
     assert "row_wise" in [s.value for s in cfg.planner.sharding_types]  # TorchRec offers row-wise on CUDA
-    cpu = NeocfgShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=128).config(
-        model, [EmbeddingBagCollectionSharder()])
+    from hydra import initialize
+    from hydra.core.global_hydra import GlobalHydra
+
+    with initialize(version_base=None):  # inside a user's Hydra app: its state is kept
+        outer = GlobalHydra.instance().hydra
+        cpu = NeocfgShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=128).config(
+            model, [EmbeddingBagCollectionSharder()])
+        assert GlobalHydra.instance().hydra is outer
     assert "row_wise" not in [s.value for s in cpu.planner.sharding_types]  # ... but not on CPU

@@ -136,15 +136,24 @@ def topology_overrides(topology: Topology) -> list[str]:
 
 
 def compose_config(overrides: Sequence[str]) -> NeocfgConfig:
-    """conf/ composed as the CLI does (mode=plan), then typed and checked."""
+    """conf/ composed as the CLI does (mode=plan), then typed and checked. Works inside a Hydra app too (a TorchRec
+    training script with its own @hydra.main): its global Hydra state is set aside and restored."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     from neocfg.cli import CONF_DIR
     from neocfg.config.schema import load, register
 
     register()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        raw = compose("config", overrides=["mode=plan", *overrides])
+    outer = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            raw = compose("config", overrides=["mode=plan", *overrides])
+    finally:
+        GlobalHydra.instance().clear()
+        if outer is not None:
+            GlobalHydra.instance().initialize(outer)
     return load(raw)
 
 
