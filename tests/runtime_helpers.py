@@ -28,6 +28,8 @@ class RunState:
     optimizer: list[Optional[torch.Tensor]]  # full optimizer state per table (None for SGD)
     dense: dict[str, torch.Tensor]
     metrics: Optional[dict[str, Any]] = None
+    replicas: int = 0                        # data-parallel replicas compared with rank 0's
+    replicas_identical: bool = True          # ... and all bit-identical (weights and optimizer state)
 
 
 def _rank_fn(env: RankEnv, jobs: list[tuple[NeocfgConfig, Plan]]) -> list[dict[str, Any]]:
@@ -65,6 +67,24 @@ def assemble(cfg: NeocfgConfig, per_rank: list[dict[str, Any]]) -> tuple[list[to
     return tables, opt
 
 
+def compare_replicas(per_rank: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Shards held by several ranks at the same place (data-parallel replicas): how many copies were compared with
+    the first one, and whether all are bit-identical."""
+    first: dict[tuple, dict[str, Any]] = {}
+    count, identical = 0, True
+    for r in per_rank:
+        for s in r["shards"]:
+            key = (s["table"], s["row_offset"], s["col_offset"])
+            if key not in first:
+                first[key] = s
+                continue
+            count += 1
+            ref = first[key]
+            identical &= torch.equal(ref["weights"], s["weights"]) and all(
+                torch.equal(a, b) for a, b in zip(ref["optimizer"], s["optimizer"]))
+    return count, identical
+
+
 def run_sharded(jobs: list[tuple[NeocfgConfig, Plan]], world: int) -> list[RunState]:
     """Run every (cfg, plan) in turn on one spawn of `world` gloo ranks."""
     per_rank = launch(_rank_fn, (jobs,), world=world, backend=Backend.gloo, timeout_s=120)
@@ -72,7 +92,9 @@ def run_sharded(jobs: list[tuple[NeocfgConfig, Plan]], world: int) -> list[RunSt
     for j, (cfg, _) in enumerate(jobs):
         ranks = [r[j] for r in per_rank]
         tables, opt = assemble(cfg, ranks)
-        states.append(RunState(ranks[0]["losses"], tables, opt, ranks[0]["dense"], ranks[0]["metrics"]))
+        replicas, identical = compare_replicas(ranks)
+        states.append(RunState(ranks[0]["losses"], tables, opt, ranks[0]["dense"], ranks[0]["metrics"], replicas,
+                               identical))
     return states
 
 

@@ -81,13 +81,14 @@ def test_table_row_wise(cost, table):
 
 
 def test_data_parallel(cost, table):
-    # As the runtime executes it: every replica receives and looks up the global batch's ids, and the pooled
-    # output gradients are all-gathered backward (no dense table gradient exists with a fused optimizer).
+    # Neo's data parallelism (neocfg.runtime.replicated): every replica looks up its own B samples, nothing is
+    # exchanged forward, and the dense fp32 table gradient is all-reduced (reduce-scatter + all-gather) backward.
     perf, st = cost.piece(table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
-    assert perf.fwd_compute == approx(800 * 2 * 16 * 4 / 1000e9 * 1e3)
-    assert perf.fwd_comm == approx(800 * 2 * 8 * A2A)          # the global batch's ids
-    assert perf.bwd_comm == approx(800 * 16 * 4 * RS)          # all-gather of the output gradients
-    assert st.hbm == 1000 * 16 * 4 + 1000 * 4 + 800 * 2 * 8 + 2 * 800 * 16 * 4
+    assert perf.fwd_compute == approx(100 * 2 * 16 * 4 / 1000e9 * 1e3)   # B*L rows
+    assert perf.fwd_comm == 0
+    assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)
+    # weights + row-wise Adagrad state + local ids + local outputs and their gradients + the dense gradient
+    assert st.hbm == 1000 * 16 * 4 + 1000 * 4 + 100 * 2 * 8 + 2 * 100 * 16 * 4 + 1000 * 16 * 4
 
 
 def test_uvm_caching_and_host(cost, table):
@@ -212,4 +213,5 @@ def test_exchange_copy_per_byte(table):
     perf, _ = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
     assert perf.fwd_comm == approx(100 * 2 * 8 * (A2A + copy) + 800 * 16 * 4 * (RS + copy))
     perf, _ = cost.piece(table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
-    assert perf.bwd_comm == approx(800 * 16 * 4 * (RS + copy))   # the output-gradient all-gather
+    assert perf.fwd_comm == 0                                      # replicas look up their own samples
+    assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)         # the gradient all-reduced in place, no copies

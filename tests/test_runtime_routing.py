@@ -4,6 +4,8 @@ every sharding type and mixes of them, without any process group (routers of eve
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,7 +14,7 @@ from neocfg.batch import Batch
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.plans import rule_plan
 from neocfg.runtime.routing import IdRouter, deliver
-from neocfg.types import ShardingType as S
+from neocfg.types import ShardingType as S, WeightsDtype
 
 B = 5
 
@@ -54,6 +56,10 @@ def test_router_delivers_the_reference_bags(sharding, world):
                        "model.tables.6.num_embeddings=10"])
     sh = {t.name: s for t, s in zip(cfg.model.tables, MIX)} if sharding == "mix" else sharding
     plan = rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=B, sharding=sh)
+    if sharding == "mix":  # two TBE groups per rank: feature order is group by group, then table
+        plan = dataclasses.replace(plan, tables=tuple(
+            dataclasses.replace(t, weights_dtype=WeightsDtype.fp16) if i % 2 == 0 else t
+            for i, t in enumerate(plan.tables)))
     layouts = [build_layout(plan, cfg.model, r) for r in range(world)]
     routers = [IdRouter(lay, B, torch.device("cpu")) for lay in layouts]
     batches = [_batch(cfg, 10 * world + r) for r in range(world)]

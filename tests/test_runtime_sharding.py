@@ -36,7 +36,8 @@ def test_every_scheme_covers_its_table(sharding, rows, dim, ranks):
     copies = len(ranks) if sharding is S.data_parallel else 1
     assert bool((cover == copies).all()), shards
     assert scheme.check(rows, dim, shards) is None
-    assert scheme.routing is (Routing.by_row if sharding in (S.row_wise, S.table_row_wise) else Routing.whole_table)
+    routing = {S.row_wise: Routing.by_row, S.table_row_wise: Routing.by_row, S.data_parallel: Routing.local}
+    assert scheme.routing is routing.get(sharding, Routing.whole_table)
 
 
 def test_planner_and_rule_plans_cut_tables_alike():

@@ -47,10 +47,11 @@ def test_layout_kinds():
                              OutputKind.hierarchical, OutputKind.replicated]
     assert lay.table_node == {3: 1}  # rule plans put TWRW table i on node i mod nodes
     assert lay.hierarchical_widths() == [0, 16]
-    # every rank holds one RW row range and a DP replica
+    # every rank holds one RW row range in its TBE groups; the DP replica lives apart (neocfg.runtime.replicated)
     for r in lay.ranks:
         tables = [s.table for s in r.features]
-        assert 2 in tables and 4 in tables
+        assert 2 in tables and 4 not in tables
+    assert lay.tables_of(OutputKind.replicated) == [4]
 
 
 def test_data_stats_aggregate_fractions_by_mean_and_counters_by_sum():

@@ -157,6 +157,7 @@ class CostModel:
         state = self.optimizer_state_bytes(shape.rows, shape.cols)
         # ids received + pooled outputs produced + their gradients received, fp32 on the device.
         buffers = int(shape.lookup_rows * self.consts.id_bytes + 2 * shape.output_samples * shape.cols * FP32)
+        buffers += SCHEMES[sharding].gradient_bytes(shape)
         if tier is MemoryTier.hbm:
             return Storage(weights + state + buffers, 0)
         if tier is MemoryTier.uvm_caching:

@@ -1,8 +1,8 @@
 """Input and output distribution of the sharded embeddings.
 
 Forward: the ids of every local sample go to the ranks that look them up (neocfg.runtime.routing); the pooled
-outputs come back by all-to-all (TW/CW/TWCW/TWRW pieces), reduce-scatter (RW partial sums) and a
-local slice (DP replicas). Backward runs the reverse collectives in EmbeddingExchange.backward, in a fixed order on
+outputs come back by all-to-all (TW/CW/TWCW pieces, RW pieces off the whole world), reduce-scatter (RW partial
+sums) and the two-level exchange (TWRW); data-parallel replicas are not exchanged (neocfg.runtime.replicated). Backward runs the reverse collectives in EmbeddingExchange.backward, in a fixed order on
 every rank, on a process group of its own (so DDP's asynchronous all-reduces of the dense gradients never interleave
 with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2a_bwd_dtype.
 """
@@ -80,7 +80,8 @@ class ExchangePlan:
     a2a_widths: list[int]           # all_to_all columns held by each rank
     a2a_target: torch.Tensor        # output columns of the received all_to_all pieces (source-major)
     rs_target: torch.Tensor
-    dp_target: torch.Tensor
+    a2a_gather: torch.Tensor        # received all_to_all elements -> [B, sum of the pieces' columns] (flat)
+    a2a_scatter: torch.Tensor       # its inverse: [B, columns] (flat) -> the order the all_to_all sends
     hier_target: torch.Tensor
     hier_widths: list[int]          # hierarchical columns of each node
     node_comms: Optional[NodeComms]
@@ -95,24 +96,25 @@ class ExchangePlan:
         hier = layout.target_columns(OutputKind.hierarchical)
         node_comms = (NodeComms.build(comm.world, comm.rank, layout.devices_per_node, comm.timeout)
                       if hier.numel() else None)
+        widths = [r.width(OutputKind.all_to_all) for r in layout.ranks]
+        gather = _piece_gather(batch_size, widths)
         return ExchangePlan(
             comm=comm, batch_size=batch_size, total_dim=layout.total_dim,
-            a2a_widths=[r.width(OutputKind.all_to_all) for r in layout.ranks],
+            a2a_widths=widths, a2a_gather=gather, a2a_scatter=torch.argsort(gather),
             a2a_target=layout.target_columns(OutputKind.all_to_all),
             rs_target=layout.target_columns(OutputKind.reduce_scatter),
-            dp_target=layout.target_columns(OutputKind.replicated),
             hier_target=hier, hier_widths=layout.hierarchical_widths(), node_comms=node_comms,
             fwd_dtype=TORCH_DTYPES[fwd], bwd_dtype=TORCH_DTYPES[bwd], grad_scale=1.0 / comm.world,
             stopwatch=stopwatch)
 
 
 class EmbeddingExchange(torch.autograd.Function):
-    """(a2a_part [W,B,A], rs_part [W,B,R], dp_part [W,B,P], hier_part [W,B,H]) on the owners -> pooled
-    [B, sum dims] on the sources."""
+    """(a2a_part [W,B,A], rs_part [W,B,R], hier_part [W,B,H]) on the owners -> pooled [B, sum dims] on the sources
+    (zeros in the columns of data-parallel tables)."""
 
     @staticmethod
     def forward(ctx, xp: ExchangePlan, a2a_part: torch.Tensor, rs_part: torch.Tensor,
-                dp_part: torch.Tensor, hier_part: torch.Tensor) -> torch.Tensor:
+                hier_part: torch.Tensor) -> torch.Tensor:
         ctx.xp = xp
         comm, b = xp.comm, xp.batch_size
         with xp.stopwatch("comm_fwd"):
@@ -121,13 +123,10 @@ class EmbeddingExchange(torch.autograd.Function):
                 me = xp.a2a_widths[comm.rank]
                 recv = comm.all_to_all(a2a_part.to(xp.fwd_dtype).reshape(-1), [b * w for w in xp.a2a_widths],
                                        [b * me] * comm.world).to(out.dtype)
-                pieces = [p.view(b, w) for p, w in zip(recv.split([b * w for w in xp.a2a_widths]), xp.a2a_widths)]
-                out.index_add_(1, xp.a2a_target, torch.cat(pieces, dim=1))
+                out.index_add_(1, xp.a2a_target, recv.index_select(0, xp.a2a_gather).view(b, -1))
             if xp.rs_target.numel():
                 summed = comm.reduce_scatter(rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)).to(out.dtype)
                 out.index_add_(1, xp.rs_target, summed.view(b, -1))
-            if xp.dp_target.numel():
-                out.index_add_(1, xp.dp_target, dp_part[comm.rank])
             if xp.hier_target.numel():
                 out.index_add_(1, xp.hier_target, _hier_forward(xp, hier_part.to(xp.fwd_dtype)).to(out.dtype))
         return out
@@ -137,26 +136,30 @@ class EmbeddingExchange(torch.autograd.Function):
         xp: ExchangePlan = ctx.xp
         comm, b = xp.comm, xp.batch_size
         g = grad_out * xp.grad_scale
-        grads = [None, None, None, None, None]
+        grads = [None, None, None, None]
         with xp.stopwatch("comm_bwd"):
             if xp.a2a_target.numel():
-                send = g.index_select(1, xp.a2a_target)               # [B, sum_s A_s], source-major pieces
-                pieces = [p.reshape(-1) for p in send.split(xp.a2a_widths, dim=1)]
+                send = g.index_select(1, xp.a2a_target).reshape(-1)   # [B, sum_s A_s] -> source-major pieces
                 me = xp.a2a_widths[comm.rank]
-                recv = comm.all_to_all(torch.cat(pieces).to(xp.bwd_dtype), [b * me] * comm.world,
+                recv = comm.all_to_all(send.index_select(0, xp.a2a_scatter).to(xp.bwd_dtype), [b * me] * comm.world,
                                        [b * w for w in xp.a2a_widths])
                 grads[1] = recv.to(g.dtype).view(comm.world, b, me)
             if xp.rs_target.numel():
                 piece = g.index_select(1, xp.rs_target).to(xp.bwd_dtype)
                 grads[2] = comm.all_gather(piece).to(g.dtype)
-            if xp.dp_target.numel():
-                piece = g.index_select(1, xp.dp_target).to(xp.bwd_dtype)
-                grads[3] = comm.all_gather(piece).to(g.dtype)
             if xp.hier_target.numel():
                 piece = g.index_select(1, xp.hier_target).to(xp.bwd_dtype)
-                grads[4] = _hier_backward(xp, piece)
-                grads[4] = grads[4].to(g.dtype) if grads[4] is not None else None
+                grads[3] = _hier_backward(xp, piece)
+                grads[3] = grads[3].to(g.dtype) if grads[3] is not None else None
         return tuple(grads)
+
+
+def _piece_gather(b: int, widths: list[int]) -> torch.Tensor:
+    """Received all_to_all elements are source-major [s][B][w_s]; element j of the flat [B, sum w] output is
+    received element gather[j]."""
+    starts = torch.cumsum(torch.tensor([0] + [b * w for w in widths[:-1]]), 0).tolist()
+    cols = [(start, w, c) for start, w in zip(starts, widths) for c in range(w)]
+    return torch.tensor([start + i * w + c for i in range(b) for start, w, c in cols], dtype=torch.long)
 
 
 def _hier_forward(xp: ExchangePlan, part: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,12 @@ from neocfg.config.train import TrainConfig
 from neocfg.errors import DataError
 from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
+from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
+from neocfg.runtime.replicated import ReplicatedEmbeddings
 from neocfg.runtime.routing import IdRouter
+
+# The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
+EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
 from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
 
 FUSED_OPTIMIZERS = {
@@ -29,31 +34,6 @@ GPU_LOCATION = {MemoryTier.hbm: EmbeddingLocation.DEVICE, MemoryTier.uvm_caching
                 MemoryTier.host: EmbeddingLocation.MANAGED}
 # fbgemm's default fraction of UVM rows cached in HBM, used when the plan gives none.
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
-# Rows per independently seeded init block: any shard can initialize its rows without the rest of the table.
-INIT_BLOCK_ROWS = 4096
-
-
-def init_rows(seed: int, table: int, num_embeddings: int, dim: int, row_offset: int, num_rows: int,
-              col_offset: int = 0, num_cols: int | None = None) -> torch.Tensor:
-    """Initial weights of rows [row_offset, +num_rows) and columns [col_offset, +num_cols) of a table, identical
-    however the table is sharded: U(-1/sqrt(n), 1/sqrt(n)) (TorchRec's EmbeddingBagConfig default), drawn per block
-    of INIT_BLOCK_ROWS rows from a generator seeded by (seed, table, block)."""
-    num_cols = dim - col_offset if num_cols is None else num_cols
-    bound = num_embeddings ** -0.5
-    out = torch.empty(num_rows, num_cols)
-    r = row_offset
-    while r < row_offset + num_rows:
-        block = r // INIT_BLOCK_ROWS
-        gen = torch.Generator().manual_seed((seed * 1_000_003 + table) * 1_000_003 + block)
-        lo = block * INIT_BLOCK_ROWS
-        rows = min(INIT_BLOCK_ROWS, num_embeddings - lo)
-        w = torch.rand(rows, dim, generator=gen) * (2 * bound) - bound
-        hi = min(lo + rows, row_offset + num_rows)
-        out[r - row_offset:hi - row_offset] = w[r - lo:hi - lo, col_offset:col_offset + num_cols]
-        r = hi
-    return out
-
-
 def make_tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainConfig, device: torch.device,
              cache_ratio: float = 0.0) -> SplitTableBatchedEmbeddingBagsCodegen:
     """One fused TBE over (rows, cols) shards; empty row ranges get one never-addressed row (fbgemm needs >= 1)."""
@@ -86,7 +66,7 @@ class ShardedEmbeddings(nn.Module):
     """forward(batch) -> pooled embeddings [B, sum of table dims] for this rank's own samples, tables in model order."""
 
     def __init__(self, layout: Layout, comm: Comm, train: TrainConfig, batch_size: int, fwd_dtype: CommDtype,
-                 bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int) -> None:
+                 bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int, dp_group=None) -> None:
         super().__init__()
         self.layout, self.comm, self.device, self.stopwatch = layout, comm, device, stopwatch
         self.batch_size = batch_size
@@ -100,10 +80,14 @@ class ShardedEmbeddings(nn.Module):
                                                s.row_offset, s.num_rows, s.col_offset, s.num_cols).to(w.dtype))
             self.tbes.append(tbe)
         self.router = IdRouter(layout, batch_size, device)
-        self.source_cols = [layout.source_columns(k).to(device) for k in OutputKind]
+        self.source_cols = [layout.source_columns(k).to(device) for k in EXCHANGED]
         self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch)
-        for name in ("a2a_target", "rs_target", "dp_target", "hier_target"):
+        for name in ("a2a_target", "rs_target", "hier_target", "a2a_gather", "a2a_scatter"):
             setattr(self.xp, name, getattr(self.xp, name).to(device))
+        self.dp_target = layout.target_columns(OutputKind.replicated).to(device)
+        self.replicated = ReplicatedEmbeddings(layout.tables_of(OutputKind.replicated), layout.rows, layout.dims,
+                                               train.sparse_optimizer, train.sparse_learning_rate, seed, device,
+                                               dp_group, comm.world)
 
     def forward(self, batch: Batch) -> torch.Tensor:
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
@@ -121,12 +105,17 @@ class ShardedEmbeddings(nn.Module):
             if pooled.requires_grad:
                 pooled = _GradArrival.apply(sw, pooled)
             parts = [pooled.index_select(1, cols).view(w, b, -1) for cols in self.source_cols]
-        return EmbeddingExchange.apply(self.xp, *parts)
+        out = EmbeddingExchange.apply(self.xp, *parts)
+        if self.dp_target.numel():
+            with sw("emb_fwd"):
+                out = out.index_add(1, self.dp_target, self.replicated(batch))
+        return out
 
     # ------------------------------------------------------------ state (checkpoints, tests)
 
     def shard_state(self) -> list[dict[str, object]]:
-        """Per local shard: its place in the table, its weights and its fused-optimizer state (copies)."""
+        """Per local shard: its place in the table, its weights and its fused-optimizer state (copies); the
+        data-parallel replicas last."""
         out = []
         for (key, shards), tbe in zip(self.groups, self.tbes):
             if self._cached(key):
@@ -137,12 +126,16 @@ class ShardedEmbeddings(nn.Module):
                 out.append({"table": s.table, "row_offset": s.row_offset, "col_offset": s.col_offset,
                             "weights": weights[i][:s.num_rows].detach().clone().cpu(),
                             "optimizer": [x[:s.num_rows].detach().clone().cpu() for x in states[i]] if states else []})
-        return out
+        return out + self.replicated.shard_state()
 
     def load_shard_state(self, state: list[dict[str, object]]) -> None:
         flat = [(tbe, i, s) for (key, shards), tbe in zip(self.groups, self.tbes) for i, s in enumerate(shards)]
-        if len(flat) != len(state):
-            raise ValueError(f"checkpoint holds {len(state)} shards for this rank, the layout {len(flat)}")
+        n_dp = len(self.replicated.tables)
+        if len(flat) + n_dp != len(state):
+            raise ValueError(f"checkpoint holds {len(state)} shards for this rank, the layout {len(flat) + n_dp} "
+                             f"(checkpoints written before data-parallel tables became local replicas do not load)")
+        self.replicated.load_shard_state(state[len(flat):])
+        state = state[:len(flat)]
         per_tbe_w = {id(t): t.split_embedding_weights() for t in self.tbes}
         per_tbe_o = {id(t): t.split_optimizer_states() for t in self.tbes}
         for (tbe, i, s), saved in zip(flat, state):

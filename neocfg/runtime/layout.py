@@ -14,9 +14,9 @@ How a table's pooled output returns to the rank whose samples it belongs to (Out
   hierarchical    row-wise tables with one row range on every rank of one node of several (TWRW): partial sums are
                   reduce-scattered inside the node, then sent across nodes by an all-to-all among the ranks with the
                   same local index (Neo's and TorchRec's two-level TWRW exchange: one copy per sample crosses nodes).
-  replicated      data-parallel tables: every replica looks up the global batch (the ids are all-gathered by the
-                  same id exchange), keeps its own rows forward, and all-gathers the output gradients backward so
-                  every replica applies the same fused update (the sparse form of a gradient all-reduce).
+  replicated      data-parallel tables: not exchanged at all. Every rank holds a replica (neocfg.runtime.replicated)
+                  that looks up its own samples; the replicas' gradients are all-reduced. They are left out of the
+                  ranks' TBE groups below.
 """
 
 from __future__ import annotations
@@ -182,6 +182,8 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
             raise DataError(f"plan table {tp.name} is data_parallel but has no replica on every rank")
         kinds.append(kind)
         routings.append(scheme.routing)
+        if kind is OutputKind.replicated:
+            continue
         key = GroupKey(tp.weights_dtype.value, tp.memory.value)
         for s in tp.shards:
             grouped[s.rank].setdefault(key, []).append(

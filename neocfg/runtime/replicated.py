@@ -18,7 +18,7 @@ from torch import nn
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 
 from neocfg.batch import Batch
-from neocfg.runtime.embedding import init_rows
+from neocfg.runtime.init_weights import init_rows
 from neocfg.types import SparseOptimizer
 
 # fbgemm's default Adagrad epsilon (SplitTableBatchedEmbeddingBagsCodegen(eps=1.0e-8)), so replicas and sharded

@@ -56,6 +56,12 @@ def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
 
 
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    """fbgemm offsets [0, cumsum...] of the bags' lengths."""
+    flat = lengths.reshape(-1)
+    return torch.cat([flat.new_zeros(1), torch.cumsum(flat, 0)])
+
+
 class IdRouter:
     """Built once per (layout, batch size); route() and receive() run a constant number of ops per step."""
 
@@ -84,7 +90,11 @@ class IdRouter:
         self.whole_piece_dest = torch.tensor(piece_dest, **lt)
         self.len_per_dest = per_dest * b                                   # static: lengths sent to each rank
         # ---- sender: row-sharded tables; range i of table t is held by dest_of[t, i] as its feature feat_of[t, i]
-        self.rw_tables = [t for t in range(len(layout.rows)) if kinds[t] is Routing.by_row]
+        # row-sharded tables in the order every holder lists them (TBE group, then table), so that each
+        # destination receives its ids in (its feature, sample) order
+        group_of = {s.table: key for r in layout.ranks for key, shards in r.groups for s in shards}
+        self.rw_tables = sorted((t for t in range(len(layout.rows)) if kinds[t] is Routing.by_row),
+                                key=lambda t: (group_of[t], t))
         self.rw_perm = torch.tensor(self.rw_tables, **lt)
         self.rw_perm32 = self.rw_perm.to(torch.int32)
         parts = max((len(layout.table_holders(t)) for t in self.rw_tables), default=1)
@@ -130,7 +140,8 @@ class IdRouter:
                 nr += 1
         self.tbe_perm = torch.tensor(stacked, **lt)
         self.tbe_perm32 = self.tbe_perm.to(torch.int32)
-        self.bag_dtype = torch.int32 if self.nf_rw * world * b < 2**31 else torch.long
+        self.recv_rw_perm = torch.tensor([s * self.nf_rw + i for i in range(self.nf_rw) for s in range(world)],
+                                         dtype=torch.int32, device=device)
         self.tbe_identity = stacked == list(range(len(stacked)))
         self.group_sizes = [len(shards) for _, shards in layout.me.groups]
         self.device = device
@@ -178,7 +189,8 @@ class IdRouter:
         n1, n2 = recv_counts[:, 0], recv_counts[:, 1]
         a = fw * b
         start = _excl_cumsum(a + n1 + 2 * n2)
-        lens = recv[torch.repeat_interleave(start, a, output_size=a * world) + self.recv_len_pos].view(world, fw, b)
+        lens = recv.index_select(0, torch.repeat_interleave(start, a, output_size=a * world) + self.recv_len_pos)
+        lens = lens.view(world, fw, b)
         # one permute of segments: per source [lengths | ids of feature 0 | ... | pairs] -> ids feature-major
         # (feature, source), then every source's pairs
         sizes = torch.cat([torch.full((world, 1), a, dtype=torch.long, device=recv.device), lens.sum(dim=2),
@@ -194,10 +206,12 @@ class IdRouter:
             pairs = out[n_whole:].view(m, 2)
             src = torch.repeat_interleave(torch.arange(world, device=recv.device), n2, output_size=m)
             seg = pairs[:, 1]
-            feat = seg // b
+            feat = torch.div(seg, b, rounding_mode="floor")
+            # each source sent its ids in (feature, sample) order: one permute of the (source, feature) segments
+            # gives (feature, source, sample), ids kept in order inside every bag
+            src_feat = torch.bincount(src * fr + feat, minlength=world * fr)
+            parts_v.append(_permute_1d(self.recv_rw_perm, src_feat, pairs[:, 0].contiguous(), None, m)[1])
             bag = (feat * world + src) * b + (seg - feat * b)
-            order = torch.sort(bag.to(self.bag_dtype), stable=True)[1]          # (feature, source, sample)
-            parts_v.append(pairs[:, 0][order])
             parts_l.append(torch.bincount(bag, minlength=fr * world * b).view(fr, world * b))
         if not parts_l:
             return LocalLookups([])
@@ -207,12 +221,11 @@ class IdRouter:
             values = _permute_1d(self.tbe_perm32, lengths.sum(dim=1), values, None, None)[1]
             lengths = lengths.index_select(0, self.tbe_perm)
         if len(self.group_sizes) == 1:
-            return LocalLookups([(values, torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.reshape(-1)))])
+            return LocalLookups([(values, _offsets(lengths))])
         out_groups, f0, v0 = [], 0, 0
         counts = torch.stack([g.sum() for g in lengths.split(self.group_sizes)]).tolist()   # a 2nd host sync
         for nf, n in zip(self.group_sizes, counts):
-            offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths[f0:f0 + nf].reshape(-1))
-            out_groups.append((values[v0:v0 + n], offsets))
+            out_groups.append((values[v0:v0 + n], _offsets(lengths[f0:f0 + nf])))
             f0, v0 = f0 + nf, v0 + n
         return LocalLookups(out_groups)
 

@@ -83,8 +83,10 @@ class Trainer:
         self.sw = Stopwatch(device, profile=cfg.train.profile)
         tc = cfg.train
         self.layout = build_layout(plan, cfg.model, self.rank)
+        # data-parallel replicas all-reduce their gradient on a group of their own too
+        dp_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
-                                     plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed)
+                                     plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group)
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None,

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from neocfg.config.model import TableConfig
     from neocfg.planner.costs import CostModel
 
+FP32 = 4
 # fbgemm's TBE kernels need embedding dims (and so column slices) that are multiples of 4.
 FBGEMM_DIM_ALIGN = 4
 
@@ -134,6 +135,10 @@ class Scheme(ABC):
     @abstractmethod
     def comm(self, cost: "CostModel", shape: PieceShape) -> Perf:
         """The piece's communication time (ids in, outputs out, gradients back)."""
+
+    def gradient_bytes(self, shape: PieceShape) -> int:
+        """Bytes of a dense gradient buffer the piece keeps besides its weights (data-parallel replicas)."""
+        return 0
 
     # ---- shared terms --------------------------------------------------------------------------------
     @staticmethod

@@ -1,6 +1,6 @@
-"""data_parallel: a full replica on every rank. As neocfg.runtime executes it today: the id exchange brings every
-replica the global batch's ids, each looks them all up and keeps its own samples, and the output gradients are
-all-gathered backward so every replica applies the same fused update."""
+"""data_parallel: a full replica on every rank (Neo's data parallelism; neocfg.runtime.replicated). Each replica
+looks up its own samples only (no id or output exchange); backward, the replicas' dense table gradient is summed by
+one all-reduce (for every data-parallel table at once) and every replica applies the same update."""
 
 from __future__ import annotations
 
@@ -8,23 +8,26 @@ from typing import Sequence
 
 from neocfg.plan import Shard
 from neocfg.planner.types import Perf
-from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme
+from neocfg.sharding.base import FP32, OutputKind, PieceShape, Routing, Scheme
 from neocfg.types import ShardingType
 
 
 class DataParallel(Scheme):
     sharding = ShardingType.data_parallel
-    routing = Routing.whole_table
+    routing = Routing.local
     kind = OutputKind.replicated
 
     def shards(self, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
         return tuple(Shard(r, 0, rows, 0, dim) for r in sorted(ranks))
 
     def piece_shape(self, cost, table, num_pieces: int) -> PieceShape:
-        g = cost.global_batch
+        b = cost.batch_size
         return PieceShape(rows=table.num_embeddings, cols=table.embedding_dim,
-                          lookup_rows=g * table.pooling_factor, output_samples=g)
+                          lookup_rows=b * table.pooling_factor, output_samples=b)
 
     def comm(self, cost, shape: PieceShape) -> Perf:
-        ag = shape.output_samples * shape.cols * (cost.reduce_scatter_ms_per_byte() + cost.exchange_copy_ms_per_byte)
-        return Perf(fwd_comm=self.ids_ms(cost, shape), bwd_comm=ag * cost.a2a_bwd_bytes)
+        # the fp32 table gradient all-reduced: a reduce-scatter and an all-gather of the whole buffer
+        return Perf(bwd_comm=2 * self.gradient_bytes(shape) * cost.reduce_scatter_ms_per_byte())
+
+    def gradient_bytes(self, shape: PieceShape) -> int:
+        return shape.rows * shape.cols * FP32
