@@ -93,6 +93,9 @@ CASES = {
     "twcw_2x2": (4, ADAGRAD, S.table_column_wise, {}),
     "rw_4": (4, ROWWISE, S.row_wise, {}),
     "mixed_4": (4, ADAGRAD, MIXED_4, {}),
+    # every case above runs the pipelined step (train.pipeline=true, the default); these two run without it
+    "mixed_unpipelined": (2, ADAGRAD, MIXED_2, {}, ("train.pipeline=false",)),
+    "mixed_4_unpipelined": (4, ADAGRAD, MIXED_4, {}, ("train.pipeline=false",)),
 }
 FP16_CASES = {"fp16_comm", "bf16_comm", "fp16_weights"}
 
@@ -166,3 +169,12 @@ def test_metrics_of_a_sharded_run(results):
     for k in ("data_wait", "emb_fwd", "emb_bwd", "comm_input", "comm_fwd", "comm_bwd", "dense", "total"):
         assert m["breakdown_ms"][k] >= 0
     assert len(m["breakdown_ms_per_rank"]) == 2
+
+
+@pytest.mark.parametrize("name", ["mixed", "mixed_4"])
+def test_pipelined_step_equals_the_plain_one(results, name):
+    """The pipelined step only moves the next batch's ids earlier: the same losses and weights, bit for bit."""
+    piped, plain = results[name][0], results[f"{name}_unpipelined"][0]
+    assert piped.losses == plain.losses
+    assert all(torch.equal(a, b) for a, b in zip(piped.tables, plain.tables))
+    assert all(torch.equal(piped.dense[k], plain.dense[k]) for k in plain.dense)

@@ -23,6 +23,9 @@ class TrainConfig:
     # Dense math: fp32, tf32 (TF32 matmuls on CUDA; fp32 on a CPU) or bf16 (autocast). The planner rates the dense
     # part at hardware.device's peak for this precision.
     dense_precision: DensePrecision = DensePrecision.tf32
+    # Pipelined step (TorchRec's TrainPipelineSparseDist): the next batch's ids are sent to their owners while the
+    # current batch computes; the same losses and weights as without it.
+    pipeline: bool = True
     # Exact per-category step times: synchronize the device at every stopwatch mark (removes overlap; GPU only).
     profile: bool = False
     log_every: int = 10

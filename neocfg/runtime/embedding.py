@@ -3,6 +3,8 @@ optimizer fused into its backward, fed by the id exchange and returning through 
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -17,7 +19,7 @@ from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
 from neocfg.runtime.replicated import ReplicatedEmbeddings
-from neocfg.runtime.routing import IdRouter
+from neocfg.runtime.routing import IdRouter, PendingIds
 
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
 EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
@@ -66,7 +68,8 @@ class ShardedEmbeddings(nn.Module):
     """forward(batch) -> pooled embeddings [B, sum of table dims] for this rank's own samples, tables in model order."""
 
     def __init__(self, layout: Layout, comm: Comm, train: TrainConfig, batch_size: int, fwd_dtype: CommDtype,
-                 bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int, dp_group=None) -> None:
+                 bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int, dp_group=None,
+                 id_group=None) -> None:
         super().__init__()
         self.layout, self.comm, self.device, self.stopwatch = layout, comm, device, stopwatch
         self.batch_size = batch_size
@@ -80,6 +83,7 @@ class ShardedEmbeddings(nn.Module):
                                                s.row_offset, s.num_rows, s.col_offset, s.num_cols).to(w.dtype))
             self.tbes.append(tbe)
         self.router = IdRouter(layout, batch_size, device)
+        self.id_group = comm.group if id_group is None else id_group
         self.source_cols = [layout.source_columns(k).to(device) for k in EXCHANGED]
         self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch)
         for name in ("a2a_target", "rs_target", "hier_target", "a2a_gather", "a2a_scatter"):
@@ -89,13 +93,18 @@ class ShardedEmbeddings(nn.Module):
                                                train.sparse_optimizer, train.sparse_learning_rate, seed, device,
                                                dp_group, comm.world)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        sw, w, b = self.stopwatch, self.comm.world, self.batch_size
-        if batch.batch_size != b:  # every rank's exchange is sized for train.batch_size samples
+    def start_ids(self, batch: Batch) -> PendingIds:
+        """Send a batch's ids to their owners without waiting for them (on the id process group)."""
+        if batch.batch_size != self.batch_size:  # every rank's exchange is sized for train.batch_size samples
             raise DataError(f"rank {self.comm.rank} got a batch of {batch.batch_size} samples; the exchange expects "
-                            f"train.batch_size={b} on every rank and step")
+                            f"train.batch_size={self.batch_size} on every rank and step")
+        return self.router.start(self.id_group, batch)
+
+    def forward(self, batch: Batch, pending: Optional[PendingIds] = None) -> torch.Tensor:
+        """Pooled embeddings of the batch; `pending`: its ids already sent by start_ids (the pipelined step)."""
+        sw, w, b = self.stopwatch, self.comm.world, self.batch_size
         with sw("comm_input"):
-            lookups = self.router.exchange(self.comm.group, batch)
+            lookups = self.router.finish(pending if pending is not None else self.start_ids(batch))
         with sw("emb_fwd"):
             outs = [tbe(idx, off) for tbe, (idx, off) in zip(self.tbes, lookups.per_group)]
             if outs:

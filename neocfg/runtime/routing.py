@@ -44,6 +44,17 @@ class LocalLookups:
 
 
 @dataclass
+class PendingIds:
+    """A step's ids in flight: the payload all-to-all started asynchronously (exchange split in two)."""
+
+    recv: torch.Tensor
+    recv_counts: torch.Tensor
+    n_pairs: int
+    work: object                 # the async all-to-all's handle
+    payload: torch.Tensor        # kept alive until the all-to-all is done
+
+
+@dataclass
 class Routed:
     """A step's ids on their way: the payload for every destination (destination-major) and its per-destination
     counts [world, 2] = (whole-table ids, row-sharded ids)."""
@@ -233,6 +244,10 @@ class IdRouter:
 
     def exchange(self, group, batch: Batch) -> LocalLookups:
         """Route, send (two all-to-alls, one host sync for the split sizes), receive."""
+        return self.finish(self.start(group, batch))
+
+    def start(self, group, batch: Batch) -> PendingIds:
+        """Route and exchange the counts (the host sync), then start the payload all-to-all without waiting."""
         routed = self.route(batch)
         recv_counts = torch.empty_like(routed.counts)
         dist.all_to_all_single(recv_counts, routed.counts, group=group)
@@ -241,8 +256,13 @@ class IdRouter:
         host = torch.cat([send_sizes, recv_sizes, recv_counts[:, 1].sum().view(1)]).tolist()   # the host sync
         w = self.world
         recv = routed.payload.new_empty(sum(host[w:2 * w]))
-        dist.all_to_all_single(recv, routed.payload, host[w:2 * w], host[:w], group=group)
-        return self.receive(recv, recv_counts, host[-1])
+        work = dist.all_to_all_single(recv, routed.payload, host[w:2 * w], host[:w], group=group, async_op=True)
+        return PendingIds(recv, recv_counts, host[-1], work, routed.payload)
+
+    def finish(self, pending: PendingIds) -> LocalLookups:
+        """Wait for the payload, then build the TBE groups' inputs."""
+        pending.work.wait()
+        return self.receive(pending.recv, pending.recv_counts, pending.n_pairs)
 
     def send_sizes(self, counts: torch.Tensor) -> torch.Tensor:
         """Payload elements for each destination."""

@@ -32,6 +32,7 @@ from neocfg.runtime.dlrm import (DDP_OPTIONS, build_dense, dense_autocast, make_
                                  set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import build_layout
+from neocfg.runtime.routing import PendingIds
 from neocfg.runtime.metrics import evaluate
 from neocfg.runtime.timing import StepTimes, Stopwatch
 
@@ -85,8 +86,13 @@ class Trainer:
         self.layout = build_layout(plan, cfg.model, self.rank)
         # data-parallel replicas all-reduce their gradient on a group of their own too
         dp_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        # ... and so do the ids, which the pipelined step sends while the exchange and DDP use theirs
+        id_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
-                                     plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group)
+                                     plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
+                                     id_group=id_group)
+        # The pipelined step's look-ahead: the next batch, its ids in flight, the data position before it.
+        self.ahead: Optional[tuple[Batch, PendingIds, dict[str, Any]]] = None
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None,
@@ -109,8 +115,10 @@ class Trainer:
     # ------------------------------------------------------------ checkpoint state
 
     def state(self) -> dict[str, Any]:
+        # the data position of the last batch trained (not of a look-ahead batch, which a resume reads again)
+        data = self.ahead[2] if self.ahead is not None else self.source.state_dict()
         return {"step": self.step, "embeddings": self.emb.shard_state(), "dense": self.dense.state_dict(),
-                "dense_optimizer": self.opt.state_dict(), "rng": rng_state(), "data": self.source.state_dict(),
+                "dense_optimizer": self.opt.state_dict(), "rng": rng_state(), "data": data,
                 "losses": list(self.losses)}
 
     def restore(self) -> bool:
@@ -125,6 +133,7 @@ class Trainer:
         self.opt.load_state_dict(st["dense_optimizer"])
         set_rng_state(st["rng"])
         self.source.load_state_dict(st["data"])
+        self.ahead = None
         self.losses = list(st["losses"])
         self.step = step
         return True
@@ -135,9 +144,24 @@ class Trainer:
         sw = self.sw
         sw.times = StepTimes()
         t0 = sw.now()
-        with sw("data_wait"):
-            batch = to_device(self.source.next_batch(), self.device)
-        pooled = self.emb(batch)
+        pipelined = self.cfg.train.pipeline
+        if pipelined and self.ahead is not None:
+            batch, pending, _ = self.ahead
+            self.ahead = None
+        else:
+            with sw("data_wait"):
+                batch = to_device(self.source.next_batch(), self.device)
+            pending = None
+        if pipelined and self.step + 1 < self.cfg.train.steps:
+            # TrainPipelineSparseDist: the next batch's ids travel (async, on their own group) while this one computes
+            with sw("data_wait"):
+                state = self.source.state_dict()
+                nxt = to_device(self.source.next_batch(), self.device)
+            with sw("comm_input"):
+                if pending is None:
+                    pending = self.emb.start_ids(batch)
+                self.ahead = (nxt, self.emb.start_ids(nxt), state)
+        pooled = self.emb(batch, pending)
         t_dense = sw.now()
         with dense_autocast(self.cfg.train.dense_precision, self.device):
             logits = self.ddp(batch.dense, pooled)
