@@ -150,7 +150,7 @@ def test_embedding_collectives_match_the_runtime():
     assert embedding_collectives([S.table_wise]) == 4                          # + outputs fwd, gradients bwd
     assert embedding_collectives([S.table_wise, S.column_wise, S.table_column_wise]) == 4   # one shared a2a
     assert embedding_collectives([S.row_wise]) == 4                            # reduce-scatter + all-gather
-    assert embedding_collectives([S.data_parallel]) == 3                       # gradient all-gather only
+    assert embedding_collectives([S.data_parallel]) == 3                       # gradient all-reduce only
     assert embedding_collectives([S.table_row_wise]) == 6                      # node RS + cross a2a, both ways
     assert embedding_collectives(list(S)) == 2 + 2 + 2 + 1 + 4
 
