@@ -6,9 +6,9 @@ ones it uses now; the pooled embeddings are a fixed random input that needs a gr
 
 Variants, alternating step by step in the same processes (medians per term over the timed steps, then the median
 over repeats):
-  before: DDP with its defaults, torch.optim.Adagrad with its CPU default (a per-parameter loop), the dot
-          interaction gathering the lower triangle by (row, column) advanced indexing;
-  after:  what neocfg.runtime does now (neocfg.runtime.dlrm.DDP_OPTIONS, make_dense_optimizer, DotInteraction).
+  before: DDP with its defaults (buffers broadcast before every forward, gradients copied into and out of the
+          all-reduce buckets), torch.optim.Adagrad with its CPU default (a loop over parameters);
+  after:  what neocfg.runtime does now (neocfg.runtime.dlrm.DDP_OPTIONS and make_dense_optimizer: fused Adagrad).
 """
 
 from __future__ import annotations
@@ -40,28 +40,9 @@ WORLD, WARMUP = 2, 3
 TERMS = ("forward", "backward", "optimizer", "total")
 
 
-class _IndexedDot(torch.nn.Module):
-    """The dot interaction as it was: the lower triangle gathered by (row, column) advanced indexing."""
-
-    def __init__(self, num_features: int, dim: int) -> None:
-        super().__init__()
-        rows, cols = torch.tril_indices(num_features + 1, num_features + 1, offset=-1)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
-        self.out_dim = dim + len(rows)
-
-    def forward(self, bottom, pooled):
-        b, d = bottom.shape
-        x = torch.cat([bottom.unsqueeze(1), pooled.view(b, -1, d)], dim=1)
-        z = torch.bmm(x, x.transpose(1, 2))
-        return torch.cat([bottom, z[:, self.rows, self.cols]], dim=1)
-
-
 def _build(cfg, variant: str):
     dense = dlrm.build_dense(cfg.model, 0, torch.device("cpu"))
     if variant == "before":
-        if isinstance(dense.interaction, dlrm.DotInteraction):
-            dense.interaction = _IndexedDot(len(cfg.model.tables), cfg.model.bottom_layers[-1])
         ddp = DistributedDataParallel(dense)
         opt = torch.optim.Adagrad(ddp.parameters(), lr=0.05)
     else:

@@ -41,6 +41,8 @@ from common import REPO, cap_rows, compose_cfg, emit  # noqa: E402
 WORLD = 2
 LR = 0.05
 WARMUP = 2
+# Fresh ports to try when the one picked is taken before rank 0 binds it (other jobs share the machine).
+PORT_ATTEMPTS = 3
 # Distinct pre-generated batches TorchRec cycles through (generation stays out of its timing).
 TORCHREC_BATCHES = 8
 # tiny8: rows and pooling per table (dlrm_tiny's tables resized to span 1k..200k rows and pooling 1..4).
@@ -184,9 +186,16 @@ def _free_port() -> int:
 def run_interleaved(jobs: dict, steps: int) -> dict:
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as out:
-        mp.start_processes(_worker, args=(_free_port(), jobs, steps, out), nprocs=WORLD, start_method="spawn")
-        return json.loads(Path(out, "steps.json").read_text())
+    for attempt in range(PORT_ATTEMPTS):
+        with tempfile.TemporaryDirectory() as out:
+            try:
+                mp.start_processes(_worker, args=(_free_port(), jobs, steps, out), nprocs=WORLD, start_method="spawn")
+            except mp.ProcessRaisedException as exc:   # another job took the free port before rank 0 bound it
+                if "EADDRINUSE" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                continue
+            return json.loads(Path(out, "steps.json").read_text())
+    raise AssertionError("unreachable")
 
 
 def main() -> None:
