@@ -160,19 +160,23 @@ def _worker(rank: int, port: int, jobs: dict, steps: int, out_dir: str) -> None:
                 step_fns[name] = lambda t=trainer: t.train_step()
         names = list(step_fns)
         times = {n: [] for n in names}
+        terms: dict[str, list] = {n: [] for n in names}   # neocfg's own per-category times (StepTimes)
         for s in range(steps):
             order = names[s % len(names):] + names[:s % len(names)]
             for n in order:
                 dist.barrier()
                 t0 = time.perf_counter()
-                step_fns[n]()
+                got = step_fns[n]()
                 if s >= WARMUP:
                     times[n].append(time.perf_counter() - t0)
+                    if got is not None:
+                        terms[n].append(dataclasses.asdict(got[1]))
         if rank == 0:
             b = next(iter(jobs.values()))[1].train.batch_size
             Path(out_dir, "steps.json").write_text(json.dumps(
-                {n: {"step_ms": statistics.median(v) * 1e3,
-                     "samples_per_s": WORLD * b / statistics.median(v)} for n, v in times.items()}))
+                {n: {"step_ms": statistics.median(v) * 1e3, "samples_per_s": WORLD * b / statistics.median(v),
+                     "terms_median_ms": {k: statistics.median(t[k] for t in terms[n]) for k in terms[n][0]}
+                     if terms[n] else None} for n, v in times.items()}))
     finally:
         dist.destroy_process_group()
 
