@@ -60,6 +60,7 @@ class PlanExport(Enum):
 class Interaction(Enum):
     dot = "dot"
     dcn = "dcn"
+    auto = "auto"   # dot when every table has the bottom MLP's output dim, else dcn (resolved when loading)
 
 
 class SparseOptimizer(Enum):
@@ -101,6 +102,13 @@ class DataSource(Enum):
 class PlannerAlgorithm(Enum):
     ilp = "ilp"
     greedy = "greedy"
+
+
+class MipSolver(Enum):
+    """The MIP solver behind planner.algorithm=ilp (both driven through PuLP models)."""
+
+    cbc = "cbc"       # PuLP's bundled CBC (command line)
+    highs = "highs"   # HiGHS through highspy
 
 
 class OnBadSplit(Enum):

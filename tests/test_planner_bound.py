@@ -61,11 +61,12 @@ def solved(cfg):
     return cost, dense, options, plan_placement(cfg)
 
 
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
 @pytest.mark.parametrize("path", [FLAT, DECOMPOSED])
 @pytest.mark.parametrize("name", list(INSTANCES))
-def test_bound_below_brute_force_optimum_below_objective(name, path):
+def test_bound_below_brute_force_optimum_below_objective(name, path, solver):
     rows, extra = INSTANCES[name]
-    cfg = round_cfg(rows, *FIXED, *SMALL, *extra, path)
+    cfg = round_cfg(rows, *FIXED, *SMALL, *extra, path, f"planner.solver={solver}")
     cost, dense, options, plan = solved(cfg)
     best = brute_force_step(cost, dense, options)
     s = plan.solver

@@ -14,7 +14,7 @@ PLAN_KEYS = {"world_size", "nodes", "devices_per_node", "batch_size_per_device",
 TABLE_KEYS = {"name", "sharding", "memory", "weights_dtype", "shards"}
 SHARD_KEYS = {"rank", "row_offset", "num_rows", "col_offset", "num_cols"}
 DEVICE_KEYS = {"rank", "hbm_bytes", "host_bytes", "compute_ms", "comm_ms", "total_ms"}
-SOLVER_KEYS = {"algorithm", "status", "seconds", "objective_ms", "lower_bound_ms", "gap"}
+SOLVER_KEYS = {"algorithm", "status", "seconds", "objective_ms", "lower_bound_ms", "gap", "placement_source"}
 DPP_KEYS = {"workers", "workers_per_trainer_node", "bottleneck", "demand_samples_per_s", "capacity_samples_per_s"}
 
 
@@ -87,3 +87,18 @@ def test_bad_planner_input_is_one_line(cli, tmp_path, override, needles):
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and all(n in line for n in needles), line
     assert not list(tmp_path.rglob("plan.json"))
+
+
+def test_model_of_mixed_dims_without_interaction_plans_with_dcn(cli, tmp_path):
+    # Issue 12 item 8: only name and tables, of different dims: interaction=auto picks dcn and says so.
+    conf = tmp_path / "conf"
+    (conf / "model").mkdir(parents=True)
+    rows = "\n".join(f"  - {{name: t{i}, num_embeddings: {5000 + i}, embedding_dim: {16 * (1 + i % 3)},"
+                     f" pooling_factor: 2}}" for i in range(6))
+    (conf / "model" / "mixed.yaml").write_text(f"name: mixed\ntables:\n{rows}\n")
+    r = cli("mode=plan", "model=mixed", f"hydra.searchpath=[file://{conf}]", "hardware=zionex_1node")
+    assert r.returncode == 0, r.stderr
+    assert "model.interaction=auto -> dcn (embedding dims differ: [16, 32, 48])" in r.stderr
+    assert "placement from" in r.stdout
+    same = cli("mode=plan", "model=dlrm_tiny", "model.interaction=auto")
+    assert same.returncode == 0 and "model.interaction=auto -> dot" in same.stderr

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -66,7 +68,9 @@ class ModelConfig:
     bottom_mlp: Optional[List[int]] = None
     # Top ("over") MLP widths; must end in 1 (the logit).
     top_mlp: List[int] = field(default_factory=lambda: [512, 256, 1])
-    interaction: Interaction = Interaction.dot
+    # auto: dot when every table has one dim equal to the bottom MLP's output, else dcn (resolved and printed by
+    # with_interaction_resolved when the config is loaded).
+    interaction: Interaction = Interaction.auto
     dcn_num_layers: int = 3
     dcn_low_rank_dim: int = 512
     # Planning-only models are too big to instantiate; mode=train refuses them.
@@ -85,6 +89,21 @@ class ModelConfig:
     @property
     def num_parameters(self) -> int:
         return sum(t.num_parameters for t in self.tables)
+
+    def with_interaction_resolved(self) -> tuple["ModelConfig", str | None]:
+        """This model with interaction=auto replaced by the one that fits its tables, and a line saying the choice
+        (None when nothing was chosen)."""
+        if self.interaction is not Interaction.auto or not self.tables:
+            return self, None
+        dims = sorted(set(self.embedding_dims))
+        if len(dims) > 1:
+            why = f"embedding dims differ: {dims}"
+        elif self.bottom_layers[-1] != dims[0]:
+            why = f"the last bottom layer {self.bottom_layers[-1]} is not embedding_dim={dims[0]}"
+        else:
+            return dataclasses.replace(self, interaction=Interaction.dot), (
+                f"model.interaction=auto -> dot (every table has embedding_dim={dims[0]})")
+        return dataclasses.replace(self, interaction=Interaction.dcn), f"model.interaction=auto -> dcn ({why})"
 
     def check(self, key: str = "model") -> None:
         checks.non_empty(f"{key}.name", self.name)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from typing import List, Optional
 
 from neocfg.config import checks
-from neocfg.types import CommDtype, MemoryTier, PlanExport, PlannerAlgorithm, ShardingType, WeightsDtype
+from neocfg.types import CommDtype, MemoryTier, MipSolver, PlanExport, PlannerAlgorithm, ShardingType, WeightsDtype
 
 
 @dataclass
@@ -93,6 +93,9 @@ class CostConstants:
 @dataclass
 class PlannerConfig:
     algorithm: PlannerAlgorithm = PlannerAlgorithm.ilp
+    # The MIP solver of algorithm=ilp: cbc (PuLP's bundled CBC) or highs (highspy); bench/bench_planner.py --solvers
+    # measures both side by side.
+    solver: MipSolver = MipSolver.cbc
     # Wall-clock limit for the ILP solver and the relative gap at which it may stop.
     time_limit_s: float = 45.0
     mip_gap: float = 0.01

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +102,10 @@ def load(cfg: DictConfig) -> NeocfgConfig:
         raise _from_omegaconf(exc) from exc
     assert isinstance(obj, NeocfgConfig)
     reject_non_finite(obj, "")
+    if isinstance(obj.model.tables, list):
+        obj.model, note = obj.model.with_interaction_resolved()
+        if note:
+            print(f"neocfg: note: {note}", file=sys.stderr)
     obj.check()
     return obj
 

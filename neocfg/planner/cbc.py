@@ -19,7 +19,9 @@ SOLVER_BOUND_SLACK = 1e-5
 
 
 @dataclass(frozen=True)
-class CbcOutcome:
+class MipOutcome:
+    """What a MIP solve hands back (CBC here, HiGHS in highs.py)."""
+
     status: str               # optimal | feasible (stopped with a solution) | infeasible | not_solved
     objective: Optional[float]
     bound: Optional[float]    # proven lower bound on the objective (minimization)
@@ -33,7 +35,7 @@ def var(prob: pulp.LpProblem, name: str, cat: str = "Continuous", low: Optional[
     return pulp.LpVariable(name, lowBound=low, cat=cat)
 
 
-def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> CbcOutcome:
+def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> MipOutcome:
     fd, log = tempfile.mkstemp(prefix="neocfg-cbc-", suffix=".log")
     os.close(fd)
     t0 = time.perf_counter()
@@ -45,7 +47,7 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
         try:
             prob.solve(solver)
         except pulp.PulpSolverError:
-            return CbcOutcome("not_solved", None, None, time.perf_counter() - t0)
+            return MipOutcome("not_solved", None, None, time.perf_counter() - t0)
         text = open(log).read()
     finally:
         try:
@@ -55,18 +57,18 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
     seconds = time.perf_counter() - t0
     status = pulp.LpStatus[prob.status]
     if status == "Infeasible":
-        return CbcOutcome("infeasible", None, None, seconds)
+        return MipOutcome("infeasible", None, None, seconds)
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return CbcOutcome("not_solved", None, _slack(_bound(text)), seconds)
+        return MipOutcome("not_solved", None, slack(_bound(text)), seconds)
     objective = pulp.value(prob.objective)
     optimal = "Result - Optimal solution found" in text
     bound = _bound(text)
     if bound is None and optimal:
         bound = objective * (1 - gap) if "tolerance" in text else objective
-    return CbcOutcome("optimal" if optimal else "feasible", objective, _slack(bound), seconds)
+    return MipOutcome("optimal" if optimal else "feasible", objective, slack(bound), seconds)
 
 
-def _slack(bound: Optional[float]) -> Optional[float]:
+def slack(bound: Optional[float]) -> Optional[float]:
     return None if bound is None else bound - SOLVER_BOUND_SLACK * abs(bound)
 
 

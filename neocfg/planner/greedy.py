@@ -6,12 +6,14 @@ and the new per-device average including a lower estimate of the tables still to
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
+
+import numpy as np
 
 from neocfg.errors import InfeasibleError
 from neocfg.planner.bounds import lower_bound
 from neocfg.planner.fixed import FixedCosts
-from neocfg.planner.loads import DeviceLoads
+from neocfg.planner.loads import DeviceLoads, Peak
 from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Storage, Topology
 
 
@@ -46,17 +48,13 @@ def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[S
         used_hbm, used_host = int(loads.hbm.sum()), int(loads.host.sum())
         best: Optional[tuple[tuple[bool, float, float], Placement]] = None
         peak, total = float(loads.time.max()), float(loads.time.sum())
-        for o in options[t]:
-            ranks = loads.best_ranks(o)
-            if ranks is None:
-                continue
-            idx = list(ranks)
-            new_peak = max(peak, float(loads.time[idx].max()) + o.perf.total)
+        for o, ranks, at in _candidates(loads, options[t]):
+            new_peak = max(peak, at.time + o.perf.total)
             projected = max(new_peak, (total + o.total_work + remaining) / w)
             starves = (used_hbm + o.storage.hbm * o.num_pieces + rem_hbm > total_hbm
                        or used_host + o.storage.host * o.num_pieces + rem_host > total_host
-                       or int(loads.hbm[idx].max()) + o.storage.hbm > capacity.hbm - rem_hbm / w
-                       or int(loads.host[idx].max()) + o.storage.host > capacity.host - rem_host / w)
+                       or at.hbm + o.storage.hbm > capacity.hbm - rem_hbm / w
+                       or at.host + o.storage.host > capacity.host - rem_host / w)
             key = (starves, projected, o.total_work)
             if best is None or key < best[0]:
                 best = (key, Placement(o, ranks))
@@ -65,6 +63,29 @@ def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[S
         loads.add(best[1])
         chosen[t] = best[1]
     return tuple(p for p in chosen if p is not None)
+
+
+def _candidates(loads: DeviceLoads, opts: Sequence[ShardingOption]) -> Iterator[tuple[ShardingOption, tuple[int, ...],
+                                                                                     Peak]]:
+    """Each option that can be placed now, the least-loaded ranks with room for it and their largest loads. Options of
+    one placement shape whose memory sizes leave the same devices with room share those ranks (found once)."""
+    shapes: dict[tuple, list[ShardingOption]] = {}
+    for o in opts:
+        shapes.setdefault((o.spread, o.num_pieces, o.fixed_ranks), []).append(o)
+    for group in shapes.values():
+        small = loads.room(min(o.storage.hbm for o in group), min(o.storage.host for o in group))
+        large = loads.room(max(o.storage.hbm for o in group), max(o.storage.host for o in group))
+        if np.array_equal(small, large):
+            ranks = loads.best_ranks(group[0], small)
+            if ranks is None:
+                continue
+            at = loads.peak(ranks)
+            yield from ((o, ranks, at) for o in group)
+            continue
+        for o in group:
+            ranks = loads.best_ranks(o)
+            if ranks is not None:
+                yield o, ranks, loads.peak(ranks)
 
 
 def _no_room(name: str, opts: Sequence[ShardingOption], loads: DeviceLoads) -> str:

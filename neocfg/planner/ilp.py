@@ -104,7 +104,7 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
-                   fixed=FixedCosts.of(cost))
+                   fixed=FixedCosts.of(cost), solver=pl.solver)
     try:
         warm: Optional[list[Placement]] = improve(p.topo, p.capacity,
                                                   list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))

@@ -11,7 +11,7 @@ from neocfg.planner import cbc
 from neocfg.planner.fixed import ZERO, FixedCosts, plan_embedding_ms
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Storage, Topology
-from neocfg.types import ShardingType
+from neocfg.types import MipSolver, ShardingType
 
 Options = Sequence[Sequence[ShardingOption]]
 
@@ -29,6 +29,7 @@ class IlpProblem:
     offset_ms: float = 0.0
     # The embedding part's fixed costs (collective latency per kind used, routing per piece, kernels per lookup group).
     fixed: FixedCosts = ZERO
+    solver: MipSolver = MipSolver.cbc
 
     def makespan(self, placements: Sequence[Placement]) -> float:
         """The busiest device's embedding time (ms), fixed costs included: the step time less the dense part."""
@@ -98,7 +99,7 @@ class IlpModel(Protocol):
     def warm_start(self, warm: Sequence[Placement], upper: float) -> None: ...
 
 
-def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]]) -> tuple[cbc.CbcOutcome, float]:
+def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]]) -> tuple[cbc.MipOutcome, float]:
     """Objective (step time + tie-breaker on comm), warm start from `warm` (in the model's numbering), CBC.
     Returns CBC's outcome and the tie-breaker weight (to turn CBC's bound into one on the makespan)."""
     upper = p.makespan(warm) + p.offset_ms if warm else 0.0
@@ -106,4 +107,8 @@ def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]
     model.set_objective(weight)
     if warm:
         model.warm_start(warm, upper)
+    if p.solver is MipSolver.highs:
+        from neocfg.planner import highs
+
+        return highs.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm)), weight
     return cbc.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm)), weight

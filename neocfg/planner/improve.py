@@ -42,10 +42,12 @@ class _Pieces:
 def improve(topo: Topology, capacity: Storage, placements: list[Placement]) -> list[Placement]:
     placements = list(placements)
     loads = DeviceLoads.of(topo, capacity, placements)
+    pieces = _Pieces.of(placements)
+    if len(pieces.table) == 0:
+        return placements
+    # where each (placement, slot) sits among the pieces, to keep pieces.device current after a change
+    row = {(int(t), int(j)): i for i, (t, j) in enumerate(zip(pieces.table, pieces.slot))}
     for _ in range(_MAX_ROUNDS):
-        pieces = _Pieces.of(placements)
-        if len(pieces.table) == 0:
-            break
         busiest = int(np.argmax(loads.time))
         change = _best_move(loads, pieces, placements, busiest) or _best_swap(loads, pieces, placements, busiest)
         if change is None:
@@ -54,6 +56,8 @@ def improve(topo: Topology, capacity: Storage, placements: list[Placement]) -> l
             loads.add(placements[t], sign=-1)
             loads.add(new)
             placements[t] = new
+            for j, r in enumerate(new.ranks):
+                pieces.device[row[(t, j)]] = r
     return placements
 
 

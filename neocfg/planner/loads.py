@@ -10,6 +10,15 @@ import numpy as np
 from neocfg.planner.types import Placement, ShardingOption, Spread, Storage, Topology
 
 
+@dataclass(frozen=True)
+class Peak:
+    """The largest load among some ranks."""
+
+    time: float
+    hbm: int
+    host: int
+
+
 @dataclass
 class DeviceLoads:
     """Mutable accumulator owned by one algorithm run (never shared)."""
@@ -34,8 +43,16 @@ class DeviceLoads:
         return loads
 
     def fits_mask(self, option: ShardingOption) -> np.ndarray:
-        return ((self.hbm + option.storage.hbm <= self.capacity.hbm)
-                & (self.host + option.storage.host <= self.capacity.host))
+        return self.room(option.storage.hbm, option.storage.host)
+
+    def room(self, hbm: int, host: int) -> np.ndarray:
+        """Devices with room for a piece of that much memory."""
+        return (self.hbm + hbm <= self.capacity.hbm) & (self.host + host <= self.capacity.host)
+
+    def peak(self, ranks: tuple[int, ...]) -> "Peak":
+        """The largest time, HBM and host memory among these ranks."""
+        idx = np.fromiter(ranks, dtype=np.int64)
+        return Peak(float(self.time[idx].max()), int(self.hbm[idx].max()), int(self.host[idx].max()))
 
     def add(self, placement: Placement, sign: int = 1) -> None:
         o = placement.option
@@ -48,39 +65,37 @@ class DeviceLoads:
         bad = np.nonzero((self.hbm > self.capacity.hbm) | (self.host > self.capacity.host))[0]
         return int(bad[0]) if len(bad) else None
 
-    def best_ranks(self, option: ShardingOption) -> Optional[tuple[int, ...]]:
-        """Least-loaded ranks with memory room for the option's pieces (None if it cannot be placed now)."""
-        fits = self.fits_mask(option)
+    def best_ranks(self, option: ShardingOption, fits: Optional[np.ndarray] = None) -> Optional[tuple[int, ...]]:
+        """Least-loaded ranks with memory room for the option's pieces (None if it cannot be placed now); `fits`:
+        the devices with room, when already known."""
+        fits = self.fits_mask(option) if fits is None else fits
         if option.fixed_ranks is not None:
             return option.fixed_ranks if all(fits[r] for r in option.fixed_ranks) else None
         spread, topo = option.spread, self.topo
         if spread is Spread.world:
             return tuple(range(topo.world)) if fits.all() else None
         if spread is Spread.one or spread is Spread.distinct:
-            return _k_least(self.time, fits, option.num_pieces, offset=0)
-        best: Optional[tuple[float, tuple[int, ...]]] = None
+            return _k_least(self.time, fits, option.num_pieces)
+        # one node: per node, the k least-loaded devices with room (all of them for table-row-wise); the node whose
+        # busiest chosen device is least loaded (first such node on ties)
         p = topo.devices_per_node
-        for node in range(topo.nodes):
-            sl = slice(node * p, (node + 1) * p)
-            if spread is Spread.node:
-                if not fits[sl].all():
-                    continue
-                ranks = topo.node_ranks(node)
-            else:
-                ranks = _k_least(self.time[sl], fits[sl], option.num_pieces, offset=node * p)
-                if ranks is None:
-                    continue
-            peak = float(max(self.time[list(ranks)]))
-            if best is None or peak < best[0]:
-                best = (peak, ranks)
-        return None if best is None else best[1]
+        k = p if spread is Spread.node else option.num_pieces
+        masked = np.where(fits, self.time, np.inf).reshape(topo.nodes, p)
+        order = np.argsort(masked, axis=1, kind="stable")[:, :k]
+        peak = np.take_along_axis(masked, order, axis=1).max(axis=1)
+        node = int(np.argmin(peak))
+        if not np.isfinite(peak[node]):
+            return None
+        ranks = order[node] + node * p
+        return tuple(sorted(int(r) for r in ranks)) if spread is Spread.node else tuple(int(r) for r in ranks)
 
 
-def _k_least(time: np.ndarray, fits: np.ndarray, k: int, offset: int) -> Optional[tuple[int, ...]]:
-    cand = np.nonzero(fits)[0]
+def _k_least(time: np.ndarray, fits: np.ndarray, k: int) -> Optional[tuple[int, ...]]:
+    """The k least-loaded devices with room (ascending load, lowest rank first on ties)."""
+    cand = np.flatnonzero(fits)
     if len(cand) < k:
         return None
     if k == 1:
-        return (int(cand[np.argmin(time[cand])]) + offset,)
+        return (int(cand[np.argmin(time[cand])]),)
     order = cand[np.argsort(time[cand], kind="stable")[:k]]
-    return tuple(int(r) + offset for r in order)
+    return tuple(int(r) for r in order)

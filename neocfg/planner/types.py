@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 from typing import Optional
 
 from neocfg.types import MemoryTier, ShardingType, WeightsDtype
@@ -27,7 +28,7 @@ class Perf:
     def comm(self) -> float:
         return self.fwd_comm + self.bwd_comm
 
-    @property
+    @cached_property
     def total(self) -> float:
         return self.compute + self.comm
 
@@ -71,9 +72,12 @@ class Spread(Enum):
 
     @staticmethod
     def of(sharding: ShardingType) -> "Spread":
-        return {ShardingType.table_wise: Spread.one, ShardingType.column_wise: Spread.distinct,
-                ShardingType.table_column_wise: Spread.node_distinct, ShardingType.table_row_wise: Spread.node,
-                ShardingType.row_wise: Spread.world, ShardingType.data_parallel: Spread.world}[sharding]
+        return _SPREAD[sharding]
+
+
+_SPREAD = {ShardingType.table_wise: Spread.one, ShardingType.column_wise: Spread.distinct,
+           ShardingType.table_column_wise: Spread.node_distinct, ShardingType.table_row_wise: Spread.node,
+           ShardingType.row_wise: Spread.world, ShardingType.data_parallel: Spread.world}
 
 
 @dataclass(frozen=True)
@@ -89,16 +93,16 @@ class ShardingOption:
     storage: Storage           # per touched device
     fixed_ranks: Optional[tuple[int, ...]] = None
 
-    @property
+    @cached_property
     def spread(self) -> Spread:
         return Spread.of(self.sharding)
 
-    @property
+    @cached_property
     def is_uniform(self) -> bool:
         """Loads every device of the world identically (no placement decision)."""
         return self.spread is Spread.world
 
-    @property
+    @cached_property
     def total_work(self) -> float:
         """Milliseconds summed over all devices it touches."""
         return self.perf.total * self.num_pieces
