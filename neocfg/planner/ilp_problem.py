@@ -60,9 +60,9 @@ class IlpProblem:
 @dataclass
 class SharedFixed:
     """The fixed time every device pays, as a function of the option choice (FixedCosts in a model): the base, the
-    routing of each chosen option's pieces, and each collective group's latency times its "used" variable, which is
-    >= every table's choice of a sharding type of that group (so 1 in any integer plan that uses the group; the
-    minimization keeps it at 0 otherwise)."""
+    routing of each chosen option's pieces, and each collective group's latency times its binary "used" variable,
+    which is >= every table's choice of a sharding type of that group. (Binary rather than continuous: the solver
+    can branch on whether a group is used, which closes dlrm_tiny x 8 in seconds instead of not at all.)"""
 
     expr: pulp.LpAffineExpression
     used: list[tuple[frozenset[ShardingType], pulp.LpVariable]] = field(default_factory=list)
@@ -78,7 +78,7 @@ class SharedFixed:
             rows = [r for r in rows if r]
             if ms <= 0 or not rows:
                 continue
-            u = cbc.var(prob, f"used_{g}", low=0)
+            u = cbc.var(prob, f"used_{g}", cat="Binary")
             for t, r in enumerate(rows):
                 prob += u >= pulp.lpSum(r), f"used_{g}_{t}"
             out.used.append((kinds, u))
