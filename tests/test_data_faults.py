@@ -12,8 +12,10 @@ from neocfg.types import Mode
 
 pytestmark = pytest.mark.skipif(not hasattr(Mode, "train"), reason="mode=train (the runtime) is not in this build")
 
-DATA = ["mode=gen_data", "dsi=parquet_local", "dsi.path=ds", "dsi.num_samples=4000", "dsi.eval_samples=500",
-        "dsi.num_files=2", "dsi.row_groups_per_file=1"]
+# No unlabeled rows: the tests below replace transforms.0 (the preset's not_null filter on label), and a rank that
+# met a missing label would fail first with that error instead of the one under test.
+DATA = ["mode=gen_data", "dsi=parquet_local", "dsi.path=ds", "dsi.unlabeled_fraction=0", "dsi.num_samples=4000",
+        "dsi.eval_samples=500", "dsi.num_files=2", "dsi.row_groups_per_file=1"]
 TRAIN = ["mode=train", "dsi=parquet_local", "dsi.path=ds", "train.steps=3", "train.batch_size=64",
          "train.eval_batches=0", "planner.algorithm=greedy", "dsi.workers=2"]
 
