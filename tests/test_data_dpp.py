@@ -3,6 +3,7 @@ mid-epoch), resume from a checkpointed position, bad files, and nothing hanging 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -412,3 +413,23 @@ def test_a_bad_uri_is_one_line(tmp_path):
     assert "\n" not in str(err.value)
     with pytest.raises(DataError, match=r"no dataset here"):
         make_source(small_cfg((tmp_path / "none").as_uri()), 0, 1)
+
+
+def test_the_stall_clock_counts_samples_not_empty_splits(dataset):
+    """Splits keep arriving but every one is empty after the transforms: the client fails after stall_timeout_s
+    (before, each empty split reset the clock and it spun forever). The whole-epoch check would fire later here."""
+    from neocfg.config.dsi import TransformConfig
+    from neocfg.types import FilterCmp, TransformOp
+
+    cols = FeatureColumns.for_model(dataset.model)
+    nothing = TransformConfig(column="label", op=TransformOp.filter, cmp=FilterCmp.gt, value=5.0)
+    setup = setup_for(dataset, workers=1, max_epochs=None, extra_split_s=0.2, limits={"stall_timeout_s": 1.0})
+    setup = dataclasses.replace(setup, spec=dataclasses.replace(setup.spec, transforms=tuple(bind([nothing], cols))))
+    with DppService(setup) as svc:
+        while svc.backend.workers_ready() < 1:  # start-up is not what this test is about
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises(DataError, match=r"no sample for 1 s \(dsi.stall_timeout_s\); [1-9]\d* splits came back "
+                                            r"empty after the transforms"):
+            svc.clients[0].next_arrays()
+        assert time.monotonic() - t0 < 10

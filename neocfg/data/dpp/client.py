@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.dpp.backend import ClientReport, DppBackend
+from neocfg.data.dpp.master import DataStall
 from neocfg.data.dpp.progress import RowRange, Tracker
 from neocfg.data.dpp.worker import Piece, SplitResult
 from neocfg.errors import DataError
@@ -59,7 +60,7 @@ class DppClient:
         self.delivered = 0
         self.skipped = 0
         self.empty_splits = 0
-        self._last_rows_at = time.monotonic()
+        self._last_rows_at: float | None = None  # the stall clock starts with the first pull
         # The first batch waits for the workers to start; the steady-state stall is measured after it.
         self.first_wait_s: float | None = None
         self.first_return: float | None = None
@@ -99,14 +100,21 @@ class DppClient:
 
     def _pull(self) -> SplitResult | None:
         """The next split; raises once no *sample* came for timeout_s (empty splits do not count as progress)."""
+        if self._last_rows_at is None:
+            self._last_rows_at = time.monotonic()
         left = self.timeout_s - (time.monotonic() - self._last_rows_at)
-        if left <= 0:
+        try:
+            if left <= 0:
+                raise DataStall(f"DPP: no sample for {self.timeout_s:.0f} s (dsi.stall_timeout_s)")
+            result = self.backend.pull(self.index, left, self.tracker.take_finished())
+        except DataStall as exc:
+            if not self.empty_splits:
+                raise
             raise DataError(f"DPP: no sample for {self.timeout_s:.0f} s (dsi.stall_timeout_s); {self.empty_splits} "
-                            f"splits came back empty after the transforms (dsi.transforms filters)")
-        result = self.backend.pull(self.index, left, self.tracker.take_finished())
+                            f"splits came back empty after the transforms (dsi.transforms filters)") from exc
         if result is not None:
             if result.delivered_rows:
-                self._last_rows_at = time.monotonic()
+                self._last_rows_at: float | None = None  # the stall clock starts with the first pull
             elif result.skipped is None:
                 self.empty_splits += 1
             self._note_skipped(result)

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Optional
 
 from neocfg.data.dpp.backend import ClientReport, local_position, result_of
-from neocfg.data.dpp.master import DppStats, Master, ServiceSetup, autoscale_step
+from neocfg.data.dpp.master import DataStall, DppStats, Master, ServiceSetup, autoscale_step
 from neocfg.data.dpp.progress import Finished, Position, Task
 from neocfg.data.dpp.worker import Msg, SplitResult, worker_main
 from neocfg.errors import DataError
@@ -152,7 +152,7 @@ class LocalDppService:
                     raise DataError(self.master.fatal or "DPP master thread is not running")
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise DataError(f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
+                    raise DataStall(f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
                                     f"{len(self.workers)} workers, {len(self.master.leases)} splits in flight")
                 self.cond.wait(min(left, TICK_S))
 

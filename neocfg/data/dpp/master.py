@@ -93,6 +93,10 @@ class DppStats:
     duplicate_rows: int = 0
 
 
+class DataStall(DataError):
+    """No finished split came within the client's timeout (the client words it: it knows its stall clock)."""
+
+
 @dataclass
 class Lease:
     task: Task

@@ -34,7 +34,7 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayError
 from neocfg.config.dsi import DsiConfig
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.dpp.backend import ClientReport
-from neocfg.data.dpp.master import DppStats, Master, ServiceSetup, autoscale_step
+from neocfg.data.dpp.master import DataStall, DppStats, Master, ServiceSetup, autoscale_step
 from neocfg.data.dpp.progress import Finished, Position, RowRange, Task
 from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.dpp.worker import Piece, SplitReader, SplitResult, WorkerSpec
@@ -389,6 +389,8 @@ class RayDppService:
             raise DataError(f"DPP: the job's master actor is gone ({_reason(exc)})") from None
         if kind == "end":
             return None
+        if kind == "timeout":
+            raise DataStall(meta)
         if kind != "split":
             raise DataError(meta)
         if ref is None:
