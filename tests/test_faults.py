@@ -136,10 +136,10 @@ class Background:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
-def _hung_run(ref: dict[str, Path], tmp_path: Path) -> tuple[Background, Path, set[int]]:
+def _hung_run(ref: dict[str, Path], tmp_path: Path, flags: tuple[str, ...] = ()) -> tuple[Background, Path, set[int]]:
     """A run whose rank 1 hangs after step 7; returns once step 6's checkpoint is complete, with the rank pids."""
     ckpt = tmp_path / "ckpt"
-    bg = Background(_args(ref["plan"], ckpt), tmp_path, HANG)
+    bg = Background([*flags, *_args(ref["plan"], ckpt)], tmp_path, HANG)
     latest = ckpt / "latest"
     _wait(lambda: latest.exists() and latest.read_text().strip() == "step_00000006", 120, "step 6's checkpoint")
     time.sleep(1.0)  # rank 1 reaches its hang, rank 0 blocks in the next collective
@@ -148,10 +148,10 @@ def _hung_run(ref: dict[str, Path], tmp_path: Path) -> tuple[Background, Path, s
     return bg, ckpt, ranks
 
 
-def _signal_hung_run(ref: dict[str, Path], tmp_path: Path,
-                     send: Callable[[Background, Path], None]) -> tuple[subprocess.CompletedProcess, Path]:
+def _signal_hung_run(ref: dict[str, Path], tmp_path: Path, send: Callable[[Background, Path], None],
+                     flags: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, Path]:
     """Hang a run, `send` it something, and check that it ended with every rank gone and step 6 kept."""
-    bg, ckpt, ranks = _hung_run(ref, tmp_path)
+    bg, ckpt, ranks = _hung_run(ref, tmp_path, flags)
     try:
         send(bg, ckpt)
         r = bg.finish()
@@ -191,7 +191,8 @@ def test_sigterm_stops_the_run_and_the_checkpoint_lock_names_its_holder(ref, tmp
         assert not (other / "outputs").exists()  # nothing half-written by the refused run
         os.kill(bg.proc.pid, signal.SIGTERM)  # the launcher only: it must stop its ranks itself
 
-    r, _ = _signal_hung_run(ref, tmp_path, lock_then_term)
+    # as one job of a sweep (-m): an interrupted sweep ends the same way
+    r, _ = _signal_hung_run(ref, tmp_path, lock_then_term, flags=("-m",))
     _one_line(r, 143, "neocfg: interrupted by SIGTERM")
 
 
