@@ -108,6 +108,10 @@ def _app(raw: DictConfig) -> object:
         # Exit here rather than raise: Hydra would log a multi-line "Error executing job" report first.
         sys.exit(exc.exit_code)
     except Exception as exc:
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:
+            _discard_if_only_bookkeeping(run_dir)
+            raise interrupt from None
         if debug:
             raise
         print(f"neocfg: error: {format_error(exc, config_search_dirs(sys.argv[1:]))}", file=sys.stderr)
@@ -135,6 +139,22 @@ def check_sweep_x(argv: list[str]) -> None:
 
 def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
+
+
+def interrupt_behind(exc: BaseException) -> Interrupted | KeyboardInterrupt | None:
+    """The Ctrl-C / SIGTERM behind an error, if any. A signal that lands inside library clean-up code (OmegaConf's
+    flag_override restoring flags while Hydra composes) can make that code raise an error of its own, which
+    replaces the interrupt; the interrupt is still in the exception chain."""
+    seen, todo = set(), [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, (Interrupted, KeyboardInterrupt)):
+            return e
+        todo += [e.__cause__, e.__context__]
+    return None
 
 
 def _stop_children() -> None:
@@ -171,12 +191,19 @@ def main() -> None:
     except SystemExit:
         raise
     except (Interrupted, KeyboardInterrupt) as exc:
-        _stop_children()
-        name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
-        sys.stderr.write(f"neocfg: interrupted by {name}; the run was stopped (its completed checkpoints are kept)\n")
-        sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)
+        _exit_interrupted(exc)
     except Exception as exc:  # noqa: BLE001 - every error becomes one line unless debugging
+        interrupt = interrupt_behind(exc)
+        if interrupt is not None:
+            _exit_interrupted(interrupt)
         if debug:
             raise
         print(f"neocfg: error: {format_error(exc, config_search_dirs(sys.argv[1:]))}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
+
+
+def _exit_interrupted(exc: Interrupted | KeyboardInterrupt) -> None:
+    _stop_children()
+    name = exc.name if isinstance(exc, Interrupted) else "SIGINT"
+    sys.stderr.write(f"neocfg: interrupted by {name}; the run was stopped (its completed checkpoints are kept)\n")
+    sys.exit(exc.exit_code if isinstance(exc, Interrupted) else 130)

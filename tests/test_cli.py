@@ -100,3 +100,26 @@ def test_failed_validation_leaves_no_run_directory(cli, tmp_path):
 def test_debug_shows_traceback(cli):
     r = cli("hardware.nodes=0", env={"NEOCFG_DEBUG": "1"})
     assert r.returncode != 0 and "Traceback" in r.stderr
+
+
+def test_an_interrupt_hidden_behind_a_library_error_is_still_an_interrupt():
+    """Ctrl-C landing in OmegaConf's flag clean-up made it raise ConfigKeyError('NoneType' ...) during composition,
+    which the CLI reported as `tables: unknown key`; the interrupt is in the chain and wins."""
+    from neocfg.cli import interrupt_behind
+    from neocfg.errors import Interrupted
+
+    def compose() -> None:
+        try:
+            raise Interrupted(2)
+        finally:
+            raise AttributeError("'NoneType' object has no attribute '_invalidate_flags_cache'")
+
+    try:
+        try:
+            compose()
+        except AttributeError as exc:
+            raise KeyError("tables") from exc
+    except KeyError as exc:
+        found = interrupt_behind(exc)
+    assert isinstance(found, Interrupted) and found.exit_code == 130
+    assert interrupt_behind(ValueError("plain")) is None
