@@ -32,8 +32,10 @@ from neocfg.data.transforms import bind
 from neocfg.errors import ConfigError, DataError
 from neocfg.types import DppBackendKind
 
-# Key of the DPP position inside state_dict().
+# Key of the DPP position inside state_dict(), and of the kind of position it is: a job-wide one (Ray: split
+# indices over the whole dataset) or a rank's (local, inline: indices over the rank's share).
 STATE_KEY = "dpp_position"
+SCOPE_KEY = "dpp_scope"
 
 # Rank 0's value, given to every rank (the runtime's broadcast; identity in a single process).
 Share = Callable[[Any], Any]
@@ -68,12 +70,21 @@ class DppSource:
     def position(self) -> Position:
         return self.service.position() if self.service is not None else self.setup.start
 
+    @property
+    def scope(self) -> str:
+        return "job" if self.kind is DppBackendKind.ray else "rank"
+
     def state_dict(self) -> dict[str, Any]:
-        return {STATE_KEY: self.position().to_state()}
+        return {STATE_KEY: self.position().to_state(), SCOPE_KEY: self.scope}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if STATE_KEY not in state:
             raise DataError(f"checkpoint has no {STATE_KEY!r}: it was not written by a dsi.source=parquet run")
+        saved = state.get(SCOPE_KEY, "rank")
+        if saved != self.scope:
+            was = "dsi.backend=ray" if saved == "job" else "dsi.backend=local (or inline)"
+            raise DataError(f"the checkpoint's DPP position was written with {was}; resume with the same "
+                            f"dsi.backend (this run: {self.kind.value})")
         self.close()
         self.setup = dataclasses.replace(self.setup, start=Position.from_state(state[STATE_KEY]))
 

@@ -110,6 +110,8 @@ class ReplicatedEmbeddings(nn.Module):
     def load_shard_state(self, state: list[dict[str, object]]) -> None:
         if [s["table"] for s in state] != self.tables:
             raise ValueError("checkpoint's data-parallel tables differ from the layout's")
+        if self.tbe is None:  # no data-parallel table on this layout: nothing to load
+            return
         targets = (self.split(self.state) if self.optimizer is SparseOptimizer.exact_adagrad else
                    self.state.split([n for n, _ in self.shapes]) if self.state is not None else [None] * len(state))
         for w, o, saved in zip(self.split(self.tbe.weights) if self.tbe is not None else [], targets, state):
