@@ -433,3 +433,22 @@ def test_the_stall_clock_counts_samples_not_empty_splits(dataset):
                                             r"empty after the transforms"):
             svc.clients[0].next_arrays()
         assert time.monotonic() - t0 < 10
+
+
+def test_a_position_resumes_only_with_the_same_kind_of_backend(dataset):
+    """A rank's position (local) and a job's position (ray) number splits differently: mixing them is refused."""
+    from neocfg.data.dpp.sizing import WorkerCount, WorkerCountSource
+    from neocfg.data.dpp_source import DppSource
+
+    cfg = small_cfg(Path(dataset.dsi.path), "dsi.workers=1", "dsi.backend=inline")
+    src = make_source(cfg, 0, 2)
+    try:
+        src.next_batch()
+        state = json.loads(json.dumps(src.state_dict()))
+    finally:
+        src.close()
+    assert state["dpp_scope"] == "rank"
+    job = DppSource(setup_for(dataset), DppBackendKind.ray, WorkerCount(2, 2, WorkerCountSource.fixed))  # starts lazily
+    with pytest.raises(DataError, match=r"written with dsi.backend=local \(or inline\); resume with the same "
+                                        r"dsi.backend \(this run: ray\)"):
+        job.load_state_dict(state)
