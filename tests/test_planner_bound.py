@@ -12,7 +12,7 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, Phase, assume, given, settings
+from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
 from neocfg.planner.assemble import assemble
@@ -116,6 +116,9 @@ table_rows = st.tuples(st.integers(500, 60_000), st.sampled_from([8, 16, 32]), s
 @given(tables=st.lists(table_rows, min_size=2, max_size=3), nodes=st.integers(1, 2), per_node=st.integers(2, 3),
        latency=st.sampled_from([0, 20, 100]), kernel=st.sampled_from([0, 5, 20]), routing=st.sampled_from([0, 10]),
        kinds=st.sets(st.sampled_from(KINDS), min_size=1), batch=st.sampled_from([2_000, 20_000]))
+# the shape on which an earlier version's exact-model bound was wrong: 2 nodes x 3 devices, 5 us kernels
+@example(tables=[(4_000, 16, 3), (900, 8, 1)], nodes=2, per_node=3, latency=20, kernel=5, routing=0,
+         kinds={"table_wise", "column_wise", "row_wise"}, batch=2_000)
 def test_random_instances_flat_and_decomposed_against_brute_force(tables, nodes, per_node, latency, kernel, routing,
                                                                  kinds, batch):
     rows = [(f"t{i}", n, d, pf) for i, (n, d, pf) in enumerate(tables)]

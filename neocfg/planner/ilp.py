@@ -24,7 +24,7 @@ from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.greedy import greedy_place, greedy_with_fallback
 from neocfg.planner.ilp_aggregate import solve_aggregate
 from neocfg.planner.ilp_flat import solve_flat
-from neocfg.planner.ilp_problem import IlpProblem, Options
+from neocfg.planner.ilp_problem import MIN_SOLVE_S, IlpProblem, Options
 from neocfg.planner.improve import improve
 from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Spread, Topology
 
@@ -35,8 +35,9 @@ from neocfg.planner.types import Placement, PlacementSource, ShardingOption, Sol
 AGGREGATE_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
 # A gap below this is the solvers' tolerance (cbc.SOLVER_BOUND_SLACK), reported as optimal.
 OPTIMAL_GAP = 1e-4
-# Below this many seconds left no further aggregate solve is started.
-_MIN_SOLVE_S = 1.0
+# Time kept for placing the aggregate's choice, as a multiple of what the warm start (greedy + local search) took:
+# placing runs two greedy passes over one option per table (cheap beside the warm start's passes over all options).
+PLACEMENT_RESERVE = 0.5
 
 
 def placement_variables(topo: Topology, options: Options) -> int:
@@ -71,10 +72,12 @@ def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]],
     bound, status = 0.0, "not_solved"
     for scale, share in AGGREGATE_STEPS:
         left = deadline - time.perf_counter()
-        if left < _MIN_SOLVE_S:
+        if left < MIN_SOLVE_S:
             break
-        restricted = dataclasses.replace(p, time_limit_s=left,
-                                         options=p.options if share >= 1.0 else _small_pieces(p, share))
+        # With a warm start in hand, building the model counts against the deadline; without one (memory-tight
+        # models, where greedy found no room) the solver gets all the time left once the model is built.
+        timing = dict(deadline=deadline) if warm is not None else dict(time_limit_s=left)
+        restricted = dataclasses.replace(p, **timing, options=p.options if share >= 1.0 else _small_pieces(p, share))
         picked, b, st = solve_aggregate(restricted, warm if share >= 1.0 else None, scale)
         if scale >= 1.0 and share >= 1.0:
             bound, status = b, st
@@ -105,18 +108,18 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
                    fixed=FixedCosts.of(cost), solver=pl.solver)
+    t_warm = time.perf_counter()
     try:
         warm: Optional[list[Placement]] = improve(p.topo, p.capacity,
                                                   list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))
     except InfeasibleError:
         warm = None
-    deadline = t0 + pl.time_limit_s
+    warm_s = time.perf_counter() - t_warm
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
     if flat:
-        left = max(_MIN_SOLVE_S, deadline - time.perf_counter())
-        found, bound, status = solve_flat(dataclasses.replace(p, time_limit_s=left), warm)
+        found, bound, status = solve_flat(dataclasses.replace(p, deadline=t0 + pl.time_limit_s), warm)
     else:
-        found, bound, status = solve_decomposed(p, warm, deadline)
+        found, bound, status = solve_decomposed(p, warm, t0 + pl.time_limit_s - PLACEMENT_RESERVE * warm_s)
     solved = PlacementSource.ilp if flat else PlacementSource.ilp_choice
     # the warm start first: it is kept unless an ILP plan is strictly better
     candidates = [(c, src) for c, src in ((warm, PlacementSource.warm_start), (found, solved)) if c is not None]

@@ -46,7 +46,7 @@ class AggregateModel:
         self.xs = [[cbc.var(prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
                    for t, opts in enumerate(p.options)]
         self.pairs = [(x, o) for t, opts in enumerate(p.options) for x, o in zip(self.xs[t], opts)]
-        self.shared = SharedFixed.build(prob, p, self.xs)
+        self.shared = SharedFixed.build(prob, p, self.xs, binary=False)
         self.F = cbc.var(prob, "F", low=0)      # the fixed time every device pays
         prob += self.F == self.shared.expr, "shared_fixed"
         uniform = [(x, o) for x, o in self.pairs if o.is_uniform]
@@ -86,7 +86,8 @@ class AggregateModel:
         q = sorted(min((o.perf.total for o in opts if not o.is_uniform), default=inf) for opts in self.p.options)
         q = [x for x in q if x != inf]
         most = sum(max((o.num_pieces for o in opts if not o.is_uniform), default=0) for opts in self.p.options)
-        count = pulp.lpSum(o.num_pieces * x for x, o in self.placed)
+        count = cbc.var(prob, "pieces", low=0)   # pieces placed (one variable: each level row names it once)
+        prob += count == pulp.lpSum(o.num_pieces * x for x, o in self.placed), "pieces"
         for k in range(1, min(len(q), MAX_PIECE_LEVELS) + 1):
             if most <= (k - 1) * w:
                 break
@@ -95,6 +96,7 @@ class AggregateModel:
             if self.levels:
                 prob += self.levels[-1][1] >= y
             self.levels.append((k, y))
+        self.count = count
         if self.levels:
             prob += self.T >= self.base + pulp.lpSum(q[k - 1] * y for k, y in self.levels), "piece_levels"
             self._add_threshold_cuts()
@@ -128,6 +130,7 @@ class AggregateModel:
         pieces = sum(o.num_pieces for o in picked if not o.is_uniform)
         for k, y in self.levels:
             y.setInitialValue(1.0 if pieces > (k - 1) * self.p.topo.world else 0.0)
+        self.count.setInitialValue(pieces)
 
     def picked(self) -> list[ShardingOption]:
         return [opts[max(range(len(opts)), key=lambda j: self.xs[t][j].value() or 0.0)]

@@ -44,7 +44,7 @@ class FlatModel:
             self.prob += pulp.lpSum(xs) == 1, f"one_{t}"
             for i, o in enumerate(opts):
                 self._add_option((t, i), o, xs[i])
-        self.shared = SharedFixed.build(self.prob, self.p, self.choose)
+        self.shared = SharedFixed.build(self.prob, self.p, self.choose, binary=True)
         self.F = cbc.var(self.prob, "F", low=0)   # the fixed time every device pays
         self.prob += self.F == self.shared.expr, "shared_fixed"
         self._add_groups()

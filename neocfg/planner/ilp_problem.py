@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Protocol, Sequence
 
@@ -14,6 +15,11 @@ from neocfg.planner.types import Placement, ShardingOption, Storage, Topology
 from neocfg.types import MipSolver, ShardingType
 
 Options = Sequence[Sequence[ShardingOption]]
+# The shortest time limit a solver is started with (CBC takes whole seconds).
+MIN_SOLVE_S = 1.0
+# A solver always gets at least this share of planner.time_limit_s, even when building the model (or a failed warm
+# start) used up the deadline: a plan somewhat late is better than none on memory-tight models.
+MIN_SOLVE_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,16 @@ class IlpProblem:
     # The embedding part's fixed costs (collective latency per kind used, routing per piece, kernels per lookup group).
     fixed: FixedCosts = ZERO
     solver: MipSolver = MipSolver.cbc
+    # time.perf_counter() by which the solver must stop (model building counts against it); None: time_limit_s
+    deadline: Optional[float] = None
+
+    def seconds_left(self) -> float:
+        """The solver's time limit: time_limit_s, or what is left until the deadline (at least MIN_SOLVE_S and
+        MIN_SOLVE_SHARE of time_limit_s)."""
+        if self.deadline is None:
+            return self.time_limit_s
+        return max(MIN_SOLVE_S, MIN_SOLVE_SHARE * self.time_limit_s,
+                   min(self.time_limit_s, self.deadline - time.perf_counter()))
 
     def makespan(self, placements: Sequence[Placement]) -> float:
         """The busiest device's embedding time (ms), fixed costs included: the step time less the dense part."""
@@ -60,15 +76,18 @@ class IlpProblem:
 @dataclass
 class SharedFixed:
     """The fixed time every device pays, as a function of the option choice (FixedCosts in a model): the base, the
-    routing of each chosen option's pieces, and each collective group's latency times its binary "used" variable,
-    which is >= every table's choice of a sharding type of that group. (Binary rather than continuous: the solver
-    can branch on whether a group is used, which closes dlrm_tiny x 8 in seconds instead of not at all.)"""
+    routing of each chosen option's pieces, and each collective group's latency times its "used" variable, which is
+    >= every table's choice of a sharding type of that group (1 in any integer plan that uses the group). Binary in
+    the flat model (the solver branches on whether a group is used: dlrm_tiny x 8 closes in seconds instead of not
+    at all), continuous in the aggregate (its binaries keep CBC from finding any solution of memory-tight prod_856 x
+    16 in time; with x integral the minimization sets it to 0 or 1 anyway)."""
 
     expr: pulp.LpAffineExpression
     used: list[tuple[frozenset[ShardingType], pulp.LpVariable]] = field(default_factory=list)
 
     @staticmethod
-    def build(prob: pulp.LpProblem, p: IlpProblem, xs: Sequence[Sequence[pulp.LpVariable]]) -> "SharedFixed":
+    def build(prob: pulp.LpProblem, p: IlpProblem, xs: Sequence[Sequence[pulp.LpVariable]],
+              binary: bool) -> "SharedFixed":
         f = p.fixed
         pairs = [(x, o) for row, opts in zip(xs, p.options) for x, o in zip(row, opts)]
         expr = pulp.lpSum(f.piece_ms * o.num_pieces * x for x, o in pairs if f.piece_ms) + f.base_ms
@@ -78,7 +97,7 @@ class SharedFixed:
             rows = [r for r in rows if r]
             if ms <= 0 or not rows:
                 continue
-            u = cbc.var(prob, f"used_{g}", cat="Binary")
+            u = cbc.var(prob, f"used_{g}", cat="Binary") if binary else cbc.var(prob, f"used_{g}", low=0)
             for t, r in enumerate(rows):
                 prob += u >= pulp.lpSum(r), f"used_{g}_{t}"
             out.used.append((kinds, u))
@@ -110,5 +129,5 @@ def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]
     if p.solver is MipSolver.highs:
         from neocfg.planner import highs
 
-        return highs.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm)), weight
-    return cbc.solve(model.prob, p.time_limit_s, p.gap, warm=bool(warm)), weight
+        return highs.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm)), weight
+    return cbc.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm)), weight
