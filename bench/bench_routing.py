@@ -6,7 +6,10 @@ Times neocfg.runtime.routing.IdRouter per step on rank 0 (fastest of --reps call
            128 sources' batches are routed once beforehand (untimed) and only their part for this rank is kept
 and, side by side in the same run, the per-piece loop the router replaced (`legacy_route`, the sender side of
 neocfg before issue 9; --legacy-reps 0 skips it). Plans: every table table-wise (round robin), then the k largest
-tables row-wise over all 128 ranks (k = 10, 50, 100 by default) to show how time scales with the table pieces.
+tables row-wise over all 128 ranks (k = 10, 50, 100 by default); then the sender side with 100 tables row-wise at
+worlds 16..128, where the table pieces grow with the world and the ids do not. Rank 0 holds the first row block of
+every row-wise table: with Zipf ids (hot rows first) it receives most row-wise ids, so its receive side is the
+slowest rank's.
 
     .venv/bin/python bench/bench_routing.py [--world 128] [--batch 256] [--rw 0,10,50,100] [--reps 10] [--out r.json]
 """
@@ -77,6 +80,10 @@ def main() -> None:
     ap.add_argument("--rw", default="0,10,50,100", help="numbers of largest tables made row-wise")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--legacy-reps", type=int, default=2)
+    ap.add_argument("--scale-worlds", default="16,32,64,128",
+                    help="worlds at which the sender side is timed with --scale-rw tables row-wise (pieces grow "
+                         "with the world, the ids do not)")
+    ap.add_argument("--scale-rw", type=int, default=100)
     ap.add_argument("--distinct-batches", type=int, default=8,
                     help="source ranks cycle through this many generated batches (generation is the slow part)")
     ap.add_argument("--out")
@@ -116,7 +123,19 @@ def main() -> None:
         rows.append(row)
         print(f"rw={k:4d} pieces={pieces:6d} route {route_ms:7.2f} ms  receive {receive_ms:7.2f} ms  legacy route "
               f"{legacy_ms if legacy_ms is not None else float('nan'):8.1f} ms", file=sys.stderr)
-    emit({"model": a.model, "world": a.world, "batch": a.batch, "threads": 1, "rank": 0, "rows": rows}, a.out)
+    scaling = []
+    rw = {model.tables[i].name for i in largest[:a.scale_rw]}
+    sharding = {t.name: ShardingType.row_wise if t.name in rw else ShardingType.table_wise for t in model.tables}
+    for w in [int(x) for x in a.scale_worlds.split(",") if x]:
+        plan = rule_plan(model, world=w, devices_per_node=min(8, w), batch_size=a.batch, sharding=sharding)
+        router = IdRouter(build_layout(plan, model, 0), a.batch, torch.device("cpu"))
+        route_ms, route_med = _ms(lambda: router.route(batches[0]), a.reps)
+        pieces = sum(len(t.shards) for t in plan.tables)
+        scaling.append({"world": w, "row_wise_tables": a.scale_rw, "table_pieces_in_world": pieces,
+                        "route_ms": route_ms, "route_median_ms": route_med})
+        print(f"world={w:4d} rw={a.scale_rw} pieces={pieces:6d} route {route_ms:7.2f} ms", file=sys.stderr)
+    emit({"model": a.model, "world": a.world, "batch": a.batch, "threads": 1, "rank": 0, "rows": rows,
+          "world_scaling": scaling}, a.out)
 
 
 if __name__ == "__main__":
