@@ -41,6 +41,8 @@ class ReplicatedEmbeddings(nn.Module):
         self.width = sum(d for _, d in self.shapes)
         self.tbe = (DenseTableBatchedEmbeddingBagsCodegen(self.shapes, use_cpu=device.type == "cpu").to(device)
                     if tables else None)
+        self.state: torch.Tensor | None = None   # the optimizer's accumulators (none for SGD)
+        self.grad_scale = 1.0 / world   # the global loss is the mean over the global batch
         if self.tbe is None:
             return
         with torch.no_grad():
@@ -58,7 +60,6 @@ class ReplicatedEmbeddings(nn.Module):
         if self.state is not None:
             self.state = self.state.detach()
         self.tbe.weights.register_post_accumulate_grad_hook(self._all_reduce_and_update)
-        self.grad_scale = 1.0 / world   # the global loss is the mean over the global batch
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Per table [rows, dim] views of a flat weight-shaped tensor."""
