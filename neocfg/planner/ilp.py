@@ -35,6 +35,8 @@ from neocfg.planner.types import Placement, PlacementSource, ShardingOption, Sol
 AGGREGATE_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
 # A gap below this is the solvers' tolerance (cbc.SOLVER_BOUND_SLACK), reported as optimal.
 OPTIMAL_GAP = 1e-4
+# Up to this many tables the warm start also tries one greedy plan per collective group (a few ms per table each).
+KIND_WARM_STARTS_MAX_TABLES = 1000
 # Time kept for placing the aggregate's choice, as a multiple of what the warm start (greedy + local search) took:
 # placing runs two greedy passes over one option per table (cheap beside the warm start's passes over all options).
 PLACEMENT_RESERVE = 0.5
@@ -101,6 +103,27 @@ def _no_placement(cfg: NeocfgConfig, p: IlpProblem, status: str) -> str:
             f" row-wise sharding or hardware.nodes>={cfg.hardware.nodes + max(1, cfg.hardware.nodes // 4)}")
 
 
+def _greedy_improved(p: IlpProblem, options: Options) -> Optional[list[Placement]]:
+    try:
+        return improve(p.topo, p.capacity, list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))
+    except InfeasibleError:
+        return None
+
+
+def warm_start(p: IlpProblem) -> Optional[list[Placement]]:
+    """The greedy plan improved by local search; up to KIND_WARM_STARTS_MAX_TABLES tables also greedy plans that
+    keep to one collective group (every table that has an option of it), which pay one group's latency: the best.
+    (Greedy weighs each table alone and so never sees that leaving a kind out saves its collectives.)"""
+    found = [_greedy_improved(p, p.options)]
+    if len(p.options) <= KIND_WARM_STARTS_MAX_TABLES:
+        for kinds, ms in p.fixed.kinds:
+            if ms > 0:
+                found.append(_greedy_improved(p, [[o for o in opts if o.sharding in kinds] or list(opts)
+                                                  for opts in p.options]))
+    found = [f for f in found if f is not None]
+    return min(found, key=p.makespan) if found else None
+
+
 def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResult:
     t0 = time.perf_counter()
     pl = cfg.planner
@@ -109,11 +132,7 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
                    fixed=FixedCosts.of(cost), solver=pl.solver)
     t_warm = time.perf_counter()
-    try:
-        warm: Optional[list[Placement]] = improve(p.topo, p.capacity,
-                                                  list(greedy_with_fallback(p.topo, p.capacity, options, p.names)))
-    except InfeasibleError:
-        warm = None
+    warm = warm_start(p)
     warm_s = time.perf_counter() - t_warm
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
     if flat:
