@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import compose_cfg, emit  # noqa: E402
 
 from neocfg.runtime import dlrm  # noqa: E402
+from neocfg.runtime.launch import free_port  # noqa: E402
 from neocfg.types import DenseOptimizer  # noqa: E402
 
 WORLD, WARMUP = 2, 3
@@ -83,11 +83,6 @@ def _worker(rank: int, port: int, cfg, batch: int, steps: int, variants: list[st
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -102,7 +97,7 @@ def main() -> None:
     for r in range(a.repeats):
         order = ["before", "after"]
         with tempfile.TemporaryDirectory() as out:
-            mp.start_processes(_worker, args=(_free_port(), cfg, a.batch, a.steps, order, out), nprocs=WORLD,
+            mp.start_processes(_worker, args=(free_port(), cfg, a.batch, a.steps, order, out), nprocs=WORLD,
                                start_method="spawn")
             reps.append(json.loads(Path(out, "dense.json").read_text()))
         print(f"repeat {r + 1}/{a.repeats}: " + "; ".join(

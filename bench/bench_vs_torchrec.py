@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -181,19 +180,16 @@ def _worker(rank: int, port: int, jobs: dict, steps: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def run_interleaved(jobs: dict, steps: int) -> dict:
     import torch.multiprocessing as mp
 
+    from neocfg.runtime.launch import free_port
+
     for attempt in range(PORT_ATTEMPTS):
         with tempfile.TemporaryDirectory() as out:
             try:
-                mp.start_processes(_worker, args=(_free_port(), jobs, steps, out), nprocs=WORLD, start_method="spawn")
+                mp.start_processes(_worker, args=(free_port(), jobs, steps, out), nprocs=WORLD, start_method="spawn")
             except mp.ProcessRaisedException as exc:   # another job took the free port before rank 0 bound it
                 if "EADDRINUSE" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
                     raise

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from neocfg.interop.torchrec import (CpuRowWiseEmbeddingBagCollectionSharder, Ne
                                      from_sharding_plan, load_torchrec_plan, plan_json_of, to_sharding_plan)
 from neocfg.interop.export import to_torchrec_dict  # noqa: E402
 from neocfg.plan_check import load_plan_file  # noqa: E402
+from neocfg.runtime.launch import free_port  # noqa: E402
 
 WORLD, BATCH, STEPS, DENSE = 2, 32, 16, 13
 # One table per sharding type (name, rows, dim, type); 32 columns give column slices of 16 or 8.
@@ -127,14 +127,9 @@ def _worker(rank: int, port: int, plan_source: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _train(tmp_path: Path, plan_source: str) -> list[dict]:
-    mp.spawn(_worker, args=(_free_port(), plan_source, str(tmp_path)), nprocs=WORLD, join=True)
+    mp.spawn(_worker, args=(free_port(), plan_source, str(tmp_path)), nprocs=WORLD, join=True)
     return [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(WORLD)]
 
 

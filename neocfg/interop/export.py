@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from neocfg.errors import DataError
 from neocfg.fileio import write_text_atomic
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
+from neocfg.sharding.base import row_block, row_ranges
 from neocfg.types import CommDtype, DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 EXPORT_FORMAT = "neocfg-torchrec-plan"
@@ -54,9 +55,8 @@ def ordered_shards(t: TablePlan) -> list[Shard]:
 def _row_split_fault(t: TablePlan, shards: list[Shard]) -> str | None:
     """TorchRec routes a row-wise id to shard id // ceil(rows / shards) (block bucketization): the row ranges must
     be exactly that ceil split, in rank order."""
-    block = -(-t.num_embeddings // len(shards))
-    for i, s in enumerate(shards):
-        want = (min(i * block, t.num_embeddings), max(0, min(block, t.num_embeddings - i * block)))
+    block = row_block(t.num_embeddings, len(shards))
+    for i, (s, want) in enumerate(zip(shards, row_ranges(t.num_embeddings, len(shards)))):
         if (s.row_offset, s.num_rows) != want:
             return (f"table {t.name}: TorchRec's {t.sharding.value} needs rows split in blocks of ceil("
                     f"{t.num_embeddings}/{len(shards)}) = {block} in rank order; shard {i} (rank {s.rank}) has rows "
