@@ -38,8 +38,8 @@ OPTIMAL_GAP = 1e-4
 # Up to this many tables the warm start also tries one greedy plan per collective group (a few ms per table each).
 KIND_WARM_STARTS_MAX_TABLES = 1000
 # Time kept for placing the aggregate's choice, as a multiple of what the warm start (greedy + local search) took:
-# placing runs two greedy passes over one option per table (cheap beside the warm start's passes over all options).
-PLACEMENT_RESERVE = 0.5
+# placing runs two greedy passes over one option per table and the local search; CBC overshoots its limit too.
+PLACEMENT_RESERVE = 1.0
 
 
 def placement_variables(topo: Topology, options: Options) -> int:
