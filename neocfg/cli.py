@@ -182,12 +182,14 @@ def main() -> None:
 
     quiet_library_logs()
     register()
-    from neocfg.sweep.callback import SweepSummary
+    from neocfg.sweep.callback import AllRunsFailed
 
     try:
         check_sweep_x(sys.argv[1:])
-        _app()
-        SweepSummary.raise_if_all_failed()
+        try:
+            _app()
+        except AllRunsFailed as failed:
+            raise failed.error from None
     except SystemExit:
         raise
     except (Interrupted, KeyboardInterrupt) as exc:

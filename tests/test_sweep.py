@@ -76,3 +76,35 @@ def test_sweep_x_must_be_a_key_on_the_command_line(cli, tmp_path):
     assert r.stderr.strip() == ("neocfg: error: sweep.x='hardware.devices_per_node' is invalid: must be one of the keys"
                                 " given on the command line: mode, hardware.nodes")
     assert not (tmp_path / "multirun").exists()
+
+
+def _fake_sweep(root: Path, ok: list[bool]) -> Path:
+    """A sweep directory whose runs ended ok or not (status.json), as the CLI writes them."""
+    import json
+
+    for job, good in enumerate(ok):
+        run = root / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- train.batch_size={64 * (job + 1)}\n")
+        (run / "status.json").write_text(json.dumps({"ok": good, "error": None if good else "bad run"}))
+    return root
+
+
+def test_each_sweep_summary_reports_its_own_sweep(tmp_path):
+    """The verdict of a sweep belongs to that sweep's callback: no state shared between instances (a failed
+    sweep raises, a later good one in the same process does not)."""
+    import pytest
+    from omegaconf import OmegaConf
+
+    from neocfg.errors import SweepFailedError
+    from neocfg.sweep.callback import AllRunsFailed, SweepSummary
+
+    def end(sweep_dir: Path) -> None:
+        SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep_dir)}}}))
+
+    with pytest.raises(AllRunsFailed) as failed:
+        end(_fake_sweep(tmp_path / "bad", [False, False]))
+    assert isinstance(failed.value.error, SweepFailedError) and failed.value.error.exit_code == 8
+    assert "all 2 runs of the sweep failed (job 0: bad run)" in str(failed.value.error)
+    end(_fake_sweep(tmp_path / "mixed", [True, False]))   # one run worked: rows, no error
+    assert not [k for k, v in vars(SweepSummary).items() if not k.startswith("__") and not callable(v)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
@@ -14,20 +14,26 @@ from neocfg.sweep.summary import SweepRow, summarize, swept_keys
 from neocfg.types import SweepMetric
 
 
-class SweepSummary(Callback):
-    # What the last multirun of this process ended with (read by the CLI to choose its exit code).
-    last: ClassVar[Optional[tuple[Path, list[SweepRow]]]] = None
+class AllRunsFailed(BaseException):
+    """Carries a sweep's SweepFailedError from the callback to the CLI. Hydra instantiates the callback itself and
+    turns any Exception a callback raises into a warning, so the verdict leaves as a BaseException (the CLI
+    catches it around the multirun and reports `error` as any other error) instead of through shared state."""
 
-    @classmethod
-    def raise_if_all_failed(cls) -> None:
-        """A sweep in which no run worked fails (non-zero exit) with one line; some failed runs are rows."""
-        if cls.last is None:
-            return
-        sweep_dir, rows = cls.last
-        cls.last = None
-        if rows and not any(r.fits for r in rows):
-            raise SweepFailedError(f"all {len(rows)} runs of the sweep failed (job {rows[0].job}: {rows[0].why});"
-                                   f" one reason per run in {sweep_dir}/sweep_summary.md")
+    def __init__(self, error: SweepFailedError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def verdict(sweep_dir: Path, rows: list[SweepRow]) -> SweepFailedError | None:
+    """A sweep in which no run worked fails (non-zero exit) with one line; some failed runs are rows."""
+    if rows and not any(r.fits for r in rows):
+        return SweepFailedError(f"all {len(rows)} runs of the sweep failed (job {rows[0].job}: {rows[0].why});"
+                                f" one reason per run in {sweep_dir}/sweep_summary.md")
+    return None
+
+
+class SweepSummary(Callback):
+    """Writes the sweep's summary when a multirun ends; a sweep in which every run failed ends in AllRunsFailed."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -38,7 +44,6 @@ class SweepSummary(Callback):
         metric = chosen.value if isinstance(chosen, SweepMetric) else SweepMetric[str(chosen)].value
         x_key = sweep.get("x")
         rows = summarize(sweep_dir, metric, x_key)
-        SweepSummary.last = (sweep_dir, rows)
         keys = swept_keys(rows)
         failed = sum(not r.fits for r in rows)
         print(f"sweep: {len(rows)} runs ({failed} did not fit or failed) over {', '.join(keys) or 'no swept keys'};"
@@ -46,3 +51,6 @@ class SweepSummary(Callback):
         if x_key and x_key not in keys:  # given on the command line (cli checks that) but one value in every run
             print(f"neocfg: note: sweep.x={x_key!r} took one value in every run; the plot's x axis is"
                   f" {keys[0] if keys else 'the job number'}", file=sys.stderr)
+        error = verdict(sweep_dir, rows)
+        if error is not None:
+            raise AllRunsFailed(error)
