@@ -8,7 +8,7 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import pulp
 
@@ -35,7 +35,15 @@ def var(prob: pulp.LpProblem, name: str, cat: str = "Continuous", low: Optional[
     return pulp.LpVariable(name, lowBound=low, cat=cat)
 
 
-def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> MipOutcome:
+def row(prob: pulp.LpProblem, terms: Iterable[tuple[pulp.LpVariable, float]], sense: int, rhs: float,
+        name: Optional[str] = None) -> None:
+    """Add sum(coef x var) <sense> rhs to `prob` in one go (no intermediate expressions: lpSum over c * x builds one
+    per product, which dominates building models with a million nonzeros). Each variable at most once in terms."""
+    prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(list(terms)), sense=sense, rhs=rhs, name=name))
+
+
+def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False) -> MipOutcome:
+    """relax: solve the LP relaxation (integrality dropped): its optimum is a proven bound on the MIP's."""
     fd, log = tempfile.mkstemp(prefix="neocfg-cbc-", suffix=".log")
     os.close(fd)
     t0 = time.perf_counter()
@@ -43,7 +51,7 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
         with warnings.catch_warnings():  # PuLP 3.x announces PULP_CBC_CMD's move; the bundled CBC is what we want
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(round(time_limit_s))), gapRel=gap,
-                                       warmStart=warm, logPath=log, threads=1)
+                                       warmStart=warm and not relax, logPath=log, threads=1, mip=not relax)
         try:
             prob.solve(solver)
         except pulp.PulpSolverError:
@@ -61,6 +69,9 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
     if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         return MipOutcome("not_solved", None, slack(_bound(text)), seconds)
     objective = pulp.value(prob.objective)
+    if relax:
+        return MipOutcome("optimal" if status == "Optimal" else "not_solved", objective,
+                          slack(objective) if status == "Optimal" else None, seconds)
     optimal = "Result - Optimal solution found" in text
     bound = _bound(text)
     if bound is None and optimal:

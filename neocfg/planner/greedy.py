@@ -21,7 +21,7 @@ def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[S
                  names: Sequence[str], by_memory: bool = False) -> tuple[Placement, ...]:
     """One placement per table (table order); raises InfeasibleError naming the first table that finds no room.
 
-    Tables go largest first: by work, or with by_memory by the largest fraction of a device's memory a piece needs
+    Tables go largest first (after those with forced ranks and those that can only be uniform): by work, or with by_memory by the largest fraction of a device's memory a piece needs
     (first-fit-decreasing, for plans where memory rather than time is tight)."""
     w = topo.world
     min_work = [min(o.total_work for o in opts) for opts in options]
@@ -31,7 +31,10 @@ def greedy_place(topo: Topology, capacity: Storage, options: Sequence[Sequence[S
                    for o in options[t])
 
     size = memory_share if by_memory else (lambda t: min_work[t])
-    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None, -size(t)))
+    # forced ranks first, then tables that can only go on every device (row-wise / data-parallel: they need room on
+    # all of them, which the others would use up), then largest first
+    order = sorted(range(len(options)), key=lambda t: (options[t][0].fixed_ranks is None,
+                                                       not all(o.is_uniform for o in options[t]), -size(t)))
     remaining = sum(min_work)
     # Memory the tables still to come need at least (per tier, summed over devices): an option that would leave
     # less than that is taken only when nothing else fits.

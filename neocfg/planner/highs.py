@@ -13,7 +13,8 @@ import pulp
 from neocfg.planner.cbc import MipOutcome, slack
 
 
-def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> MipOutcome:
+def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False) -> MipOutcome:
+    """relax: solve the LP relaxation (integrality dropped): its optimum is a proven bound on the MIP's."""
     import highspy
 
     t0 = time.perf_counter()
@@ -31,7 +32,7 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
     upper = np.array([inf if v.upBound is None else v.upBound for v in variables], dtype=np.float64)
     h.addCols(n, cost, lower, upper, 0, np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0))
     ints = np.array([i for i, v in enumerate(variables) if v.cat == pulp.LpInteger], dtype=np.int32)
-    if len(ints):
+    if len(ints) and not relax:
         h.changeColsIntegrality(len(ints), ints, np.full(len(ints), highspy.HighsVarType.kInteger))
     rows_lo, rows_hi, starts, cols, vals = [], [], [], [], []
     listed = prob.constraints
@@ -47,7 +48,7 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
     h.addRows(len(rows_lo), np.array(rows_lo, np.float64), np.array(rows_hi, np.float64), len(cols),
               np.array(starts, np.int32), np.array(cols, np.int32), np.array(vals, np.float64))
     h.changeObjectiveOffset(float(prob.objective.constant))
-    if warm:
+    if warm and not relax:
         sol = highspy.HighsSolution()
         sol.col_value = [float(v.varValue or 0.0) for v in variables]
         sol.value_valid = True
@@ -58,6 +59,14 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool) -> 
     info = h.getInfo()
     if status == highspy.HighsModelStatus.kInfeasible:
         return MipOutcome("infeasible", None, None, seconds)
+    if relax:
+        optimal = status == highspy.HighsModelStatus.kOptimal
+        if optimal:
+            for v, x in zip(variables, h.getSolution().col_value):
+                v.varValue = x
+        objective = info.objective_function_value if optimal else None
+        return MipOutcome("optimal" if optimal else "not_solved", objective,
+                          slack(objective) if optimal else None, seconds)
     bound: Optional[float] = info.mip_dual_bound if np.isfinite(info.mip_dual_bound) else None
     if info.primal_solution_status != 2:   # kSolutionStatusFeasible
         return MipOutcome("not_solved", None, slack(bound), seconds)

@@ -1,19 +1,24 @@
-"""The ILP planner (PuLP + bundled CBC): exact for small instances, decomposed for large ones.
+"""The ILP planner (PuLP + bundled CBC, or HiGHS): exact for small instances, decomposed for large ones.
 
 Small instances (at most `planner.exact_max_variables` placement variables) are solved as one flat model
-(ilp_flat.py); with gap 0 that is exactly optimal. Large ones use the structure (identical devices, symmetric nodes):
-the aggregated model (ilp_aggregate.py) chooses the options and proves the bound, then the chosen pieces are placed
-largest first (by work, and by memory) onto the least-loaded devices and improved by moves and swaps
-(improve.py). The greedy plan warm-starts both models and is kept when no ILP plan is better (placement_source
-says which was kept). Both models carry the fixed costs (fixed.py), so the reported bound, the larger of the
-solver's and the combinatorial bounds (bounds.py), holds for every plan of the enumerated options; the gap is that
-of the step time (dense part included).
+(ilp_flat.py); with gap 0 that is exactly optimal. The aggregated MIP (ilp_aggregate.py) runs first on them (it closes
+in a fraction of a second): the exact model starts from its bound, so it stops once a plan is within planner.mip_gap
+of it instead of proving the bound over many alike placements, and is skipped when a plan already is. Large ones
+use the structure (identical devices, symmetric nodes): the aggregated model chooses the options and proves the
+bound, first as its LP relaxation (seconds, where the MIP on thousands of tables finds no solution in minutes; its
+solution is mostly integral: each table's option of the largest value is kept), then as the MIP if the gap is still
+open; each choice is placed largest first (by work, and by memory) onto the least-loaded devices and improved by
+moves and swaps (improve.py). The greedy plan warm-starts the models and is kept when no other plan is better
+(placement_source says which was kept). Both models carry the fixed costs (fixed.py), so the reported bound, the
+larger of the solvers' and the combinatorial bounds (bounds.py), holds for every plan of the enumerated options; the
+gap is that of the step time (dense part included).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from neocfg.config.schema import NeocfgConfig
@@ -22,11 +27,12 @@ from neocfg.planner.bounds import lower_bound
 from neocfg.planner.costs import CostModel, dense_cost
 from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.greedy import greedy_place, greedy_with_fallback
-from neocfg.planner.ilp_aggregate import solve_aggregate
+from neocfg.planner.ilp_aggregate import AggregateModel
 from neocfg.planner.ilp_flat import solve_flat
-from neocfg.planner.ilp_problem import MIN_SOLVE_S, IlpProblem, Options
+from neocfg.planner.ilp_problem import MIN_SOLVE_S, IlpProblem, Options, run_model
 from neocfg.planner.improve import improve
-from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Spread, Topology
+from neocfg.planner.types import (Placement, PlacementSource, ShardingOption, SolveResult, Spread, Storage,
+                                  Topology)
 
 # (fraction of the memory capacity the aggregated model may use, largest piece share), tried in turn when placing
 # the chosen pieces runs into fragmentation (the aggregate only knows total memory). With a piece share < 1, options
@@ -40,6 +46,8 @@ KIND_WARM_STARTS_MAX_TABLES = 1000
 # Time kept for placing the aggregate's choice, as a multiple of what the warm start (greedy + local search) took:
 # placing runs two greedy passes over one option per table and the local search; CBC overshoots its limit too.
 PLACEMENT_RESERVE = 1.0
+# Share of planner.time_limit_s the aggregated MIP may take before the exact model on small instances.
+AGGREGATE_SHARE = 0.25
 
 
 def placement_variables(topo: Topology, options: Options) -> int:
@@ -69,9 +77,27 @@ def place_chosen(p: IlpProblem, picked: Sequence[ShardingOption]) -> Optional[li
     return min(found, key=p.makespan) if found else None
 
 
-def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]],
-                     deadline: float) -> tuple[Optional[list[Placement]], float, str]:
-    bound, status = 0.0, "not_solved"
+@dataclass
+class Found:
+    """What the decomposition hands back: the plans it placed (with their source), the proven bound on the makespan
+    and the solver's status."""
+
+    plans: list[tuple[list[Placement], PlacementSource]] = field(default_factory=list)
+    bound: float = 0.0
+    status: str = "not_solved"
+
+
+def gap_of(p: IlpProblem, makespan: float, bound: float) -> float:
+    """Relative gap of the step time (the dense part is in both)."""
+    return (makespan - bound) / (makespan + p.offset_ms) if makespan + p.offset_ms > 0 else 0.0
+
+
+def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]], deadline: float) -> Found:
+    """The aggregated model, first as its LP relaxation (a bound in seconds where the MIP takes minutes on thousands of
+    tables, and a choice: each table's option of the largest value, placed), then, unless the best plan so far is
+    already within planner.mip_gap of the bound, as the MIP until the deadline, warm-started with that plan."""
+    found = Found()
+    best = list(warm) if warm is not None else None
     for scale, share in AGGREGATE_STEPS:
         left = deadline - time.perf_counter()
         if left < MIN_SOLVE_S:
@@ -79,16 +105,40 @@ def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]],
         # With a warm start in hand, building the model counts against the deadline; without one (memory-tight
         # models, where greedy found no room) the solver gets all the time left once the model is built.
         timing = dict(deadline=deadline) if warm is not None else dict(time_limit_s=left)
+        full = scale >= 1.0 and share >= 1.0
         restricted = dataclasses.replace(p, **timing, options=p.options if share >= 1.0 else _small_pieces(p, share))
-        picked, b, st = solve_aggregate(restricted, warm if share >= 1.0 else None, scale)
-        if scale >= 1.0 and share >= 1.0:
-            bound, status = b, st
-            if b == float("inf"):
-                return None, b, "infeasible"
-        placed = place_chosen(p, picked) if picked is not None else None
-        if placed is not None:
-            return placed, bound, status
-    return None, bound, status
+        cap = Storage(int(p.capacity.hbm * scale), int(p.capacity.host * scale))
+        model = AggregateModel(restricted, cap)
+        for relax in (True, False):
+            out, weight = run_model(restricted, model, None if relax or not full else best, relax=relax)
+            if full:
+                if out.status == "infeasible":
+                    return Found(bound=float("inf"), status="infeasible")
+                found.bound = max(found.bound, restricted.bound_on_makespan(out.bound, weight))
+                found.status = out.status
+            placed = place_chosen(p, model.picked()) if out.objective is not None else None
+            if placed is not None:
+                found.plans.append((placed, PlacementSource.lp_choice if relax else PlacementSource.ilp_choice))
+                best = min([b for b in (best, placed) if b is not None], key=p.makespan)
+            if best is not None and gap_of(p, p.makespan(best), max(found.bound, p.known_bound_ms)) <= p.gap:
+                return found
+            if deadline - time.perf_counter() < MIN_SOLVE_S:
+                break
+        if found.plans:
+            return found
+    return found
+
+
+def aggregate_bound(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple[float, Optional[list[Placement]]]:
+    """The aggregated MIP on a small instance (it closes in well under a second): a proven bound on the makespan that
+    the exact model starts from (the exact model's own bound rises slowly: identical devices make many plans alike),
+    and its choice placed."""
+    model = AggregateModel(p, p.capacity)
+    out, weight = run_model(p, model, warm)
+    if out.status == "infeasible":
+        return float("inf"), None
+    placed = place_chosen(p, model.picked()) if out.objective is not None else None
+    return p.bound_on_makespan(out.bound, weight), placed
 
 
 def _no_placement(cfg: NeocfgConfig, p: IlpProblem, status: str) -> str:
@@ -131,23 +181,41 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
                    fixed=FixedCosts.of(cost), solver=pl.solver)
+    p = dataclasses.replace(p, known_bound_ms=lower_bound(p.topo, options, p.fixed))
     t_warm = time.perf_counter()
     warm = warm_start(p)
     warm_s = time.perf_counter() - t_warm
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
+    candidates = [(warm, PlacementSource.warm_start)] if warm is not None else []
     if flat:
-        found, bound, status = solve_flat(dataclasses.replace(p, deadline=t0 + pl.time_limit_s), warm)
+        # the aggregated MIP first (a fraction of the time limit): its bound lets the exact model stop at the gap
+        agg = dataclasses.replace(p, time_limit_s=max(MIN_SOLVE_S, AGGREGATE_SHARE * pl.time_limit_s))
+        agg_bound, agg_plan = aggregate_bound(agg, warm)
+        if agg_plan is not None:
+            candidates.append((agg_plan, PlacementSource.ilp_choice))
+        bound, status = max(agg_bound, p.known_bound_ms), "feasible"
+        best = min((c for c, _ in candidates), key=p.makespan) if candidates else None
+        if bound == float("inf"):
+            status = "infeasible"
+        elif best is None or gap_of(p, p.makespan(best), bound) > p.gap:
+            exact = dataclasses.replace(p, deadline=t0 + pl.time_limit_s, known_bound_ms=bound)
+            placed, flat_bound, status = solve_flat(exact, best)
+            bound = max(bound, flat_bound)
+            if placed is not None:
+                candidates.append((placed, PlacementSource.ilp))
+        else:
+            status = "optimal"
     else:
-        found, bound, status = solve_decomposed(p, warm, t0 + pl.time_limit_s - PLACEMENT_RESERVE * warm_s)
-    solved = PlacementSource.ilp if flat else PlacementSource.ilp_choice
-    # the warm start first: it is kept unless an ILP plan is strictly better
-    candidates = [(c, src) for c, src in ((warm, PlacementSource.warm_start), (found, solved)) if c is not None]
+        out = solve_decomposed(p, warm, t0 + pl.time_limit_s - PLACEMENT_RESERVE * warm_s)
+        candidates += out.plans
+        bound, status = out.bound, out.status
+    # the warm start first: it is kept unless another plan is strictly better
     if not candidates:
         raise InfeasibleError(_no_placement(cfg, p, status))
     best, source = min(candidates, key=lambda cs: p.makespan(cs[0]))
     makespan = p.makespan(best)
-    bound = max(bound if bound != float("inf") else 0.0, lower_bound(p.topo, options, p.fixed))
-    gap = (makespan - bound) / (makespan + p.offset_ms) if makespan + p.offset_ms > 0 else 0.0
+    bound = max(bound if bound != float("inf") else 0.0, p.known_bound_ms)
+    gap = gap_of(p, makespan, bound)
     final = ("optimal" if gap <= OPTIMAL_GAP else "within_gap" if gap <= pl.mip_gap
              else "time_limit" if status == "feasible" else "feasible")
     return SolveResult(placements=tuple(best), algorithm="ilp" if flat else "ilp (decomposed)", status=final,

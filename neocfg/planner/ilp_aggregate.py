@@ -9,18 +9,18 @@ model only chooses one option per table, subject to what every plan must satisfy
                least the k smallest per-table piece times, and (threshold cuts) k x lam - sum max(0, lam - piece)
   fixed        every device pays F (SharedFixed: base, routing per piece, each collective group used), and the device
                busiest with pieces at least one lookup group: both are added to every time bound above
-Every feasible plan satisfies these, so the model's optimum, and CBC's proven bound on it, bound every plan from
-below (at full capacity)."""
+Every feasible plan satisfies these, so the model's optimum, the solver's proven bound on it and the optimum of its
+LP relaxation bound every plan from below (at full capacity)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
 import pulp
 
 from neocfg.planner import cbc
-from neocfg.planner.ilp_problem import IlpProblem, SharedFixed, run_model
+from neocfg.planner.ilp_problem import IlpProblem, SharedFixed
 from neocfg.planner.types import Placement, ShardingOption, Storage
 
 # Piece-count levels modelled (more only tighten a bound the average already gives).
@@ -29,8 +29,20 @@ MAX_PIECE_LEVELS = 32
 THRESHOLD_NONZEROS = 200_000
 
 
+GE, LE, EQ = pulp.LpConstraintGE, pulp.LpConstraintLE, pulp.LpConstraintEQ
+
+
+def _share(nbytes: int, capacity: int) -> float:
+    """Bytes as a share of a device's capacity (the memory rows in these units keep the model well scaled; options
+    only exist for a tier of capacity 0 when they use none of it)."""
+    return nbytes / capacity if capacity > 0 else 0.0
+
+
 @dataclass
 class AggregateModel:
+    """Rows are built from (variable, coefficient) lists in one go (cbc.row): prod_4096 x 512 has ~10^5 columns and
+    ~10^6 nonzeros. Memory rows are in shares of a device's capacity."""
+
     p: IlpProblem
     capacity: Storage
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("neocfg_aggregate", pulp.LpMinimize))
@@ -39,66 +51,72 @@ class AggregateModel:
 
     def __post_init__(self) -> None:
         prob, p, cap, w = self.prob, self.p, self.capacity, self.p.topo.world
+        row = cbc.row
         self.T = cbc.var(prob, "T", low=0)
         self.U = cbc.var(prob, "U", low=0)      # time every device spends on uniform (RW/DP) pieces
-        self.Uh = cbc.var(prob, "Uh", low=0)    # their HBM on every device
-        self.Us = cbc.var(prob, "Us", low=0)    # their host memory on every device
+        self.Uh = cbc.var(prob, "Uh", low=0)    # their HBM on every device (share of its capacity)
+        self.Us = cbc.var(prob, "Us", low=0)    # their host memory on every device (share)
         self.xs = [[cbc.var(prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
                    for t, opts in enumerate(p.options)]
         self.pairs = [(x, o) for t, opts in enumerate(p.options) for x, o in zip(self.xs[t], opts)]
         self.shared = SharedFixed.build(prob, p, self.xs, binary=False)
-        self.F = cbc.var(prob, "F", low=0)      # the fixed time every device pays
-        prob += self.F == self.shared.expr, "shared_fixed"
+        self.F = self.shared.define(prob)       # the fixed time every device pays
+        hbm = {id(o): _share(o.storage.hbm, cap.hbm) for _, o in self.pairs}
+        host = {id(o): _share(o.storage.host, cap.host) for _, o in self.pairs}
         uniform = [(x, o) for x, o in self.pairs if o.is_uniform]
-        for t, row in enumerate(self.xs):
-            prob += pulp.lpSum(row) == 1, f"one_{t}"
-        prob += self.U == pulp.lpSum(o.perf.total * x for x, o in uniform)
-        prob += self.Uh == pulp.lpSum(o.storage.hbm * x for x, o in uniform)
-        prob += self.Us == pulp.lpSum(o.storage.host * x for x, o in uniform)
-        prob += self.T >= self.base + pulp.lpSum(o.total_work / w * x for x, o in self.placed), "average"
-        prob += pulp.lpSum(o.storage.hbm * o.num_pieces * x for x, o in self.pairs) <= cap.hbm * w, "hbm_total"
-        prob += pulp.lpSum(o.storage.host * o.num_pieces * x for x, o in self.pairs) <= cap.host * w, "host_total"
-        prob += self.Uh <= cap.hbm
-        prob += self.Us <= cap.host
+        for t, xs in enumerate(self.xs):
+            row(prob, [(x, 1.0) for x in xs], EQ, 1.0, f"one_{t}")
+        row(prob, [(self.U, 1.0)] + [(x, -o.perf.total) for x, o in uniform], EQ, 0.0, "uniform_time")
+        row(prob, [(self.Uh, 1.0)] + [(x, -hbm[id(o)]) for x, o in uniform], EQ, 0.0, "uniform_hbm")
+        row(prob, [(self.Us, 1.0)] + [(x, -host[id(o)]) for x, o in uniform], EQ, 0.0, "uniform_host")
+        row(prob, self._base_terms() + [(x, -o.total_work / w) for x, o in self.placed], GE, self.base_ms, "average")
+        row(prob, [(x, hbm[id(o)] * o.num_pieces) for x, o in self.pairs], LE, float(w), "hbm_total")
+        row(prob, [(x, host[id(o)] * o.num_pieces) for x, o in self.pairs], LE, float(w), "host_total")
+        row(prob, [(self.Uh, 1.0)], LE, 1.0, "uniform_hbm_fits")
+        row(prob, [(self.Us, 1.0)], LE, 1.0, "uniform_host_fits")
         for t, opts in enumerate(p.options):
             mine = [(x, o) for x, o in zip(self.xs[t], opts) if not o.is_uniform]
             if not mine:
                 continue
-            prob += self.T >= self.base + pulp.lpSum(o.perf.total * x for x, o in mine), f"piece_{t}"
-            prob += self.Uh + pulp.lpSum(o.storage.hbm * x for x, o in mine) <= cap.hbm, f"piece_hbm_{t}"
-            prob += self.Us + pulp.lpSum(o.storage.host * x for x, o in mine) <= cap.host, f"piece_host_{t}"
+            row(prob, self._base_terms() + [(x, -o.perf.total) for x, o in mine], GE, self.base_ms, f"piece_{t}")
+            row(prob, [(self.Uh, 1.0)] + [(x, hbm[id(o)]) for x, o in mine], LE, 1.0, f"piece_hbm_{t}")
+            row(prob, [(self.Us, 1.0)] + [(x, host[id(o)]) for x, o in mine], LE, 1.0, f"piece_host_{t}")
         self._add_piece_levels()
 
     @property
-    def base(self):
-        """Time on the busiest device besides its placed pieces: uniform options, the dense part, the fixed costs
-        every device pays and one lookup group."""
-        group = self.p.fixed.group_ms if self.p.options else 0.0
-        return self.U + self.F + self.p.offset_ms + group
+    def base_ms(self) -> float:
+        """The constant part of the time on the busiest device besides its placed pieces: the dense part and one
+        lookup group (the device busiest with pieces holds one)."""
+        return self.p.offset_ms + (self.p.fixed.group_ms if self.p.options else 0.0)
+
+    def _base_terms(self) -> list[tuple[pulp.LpVariable, float]]:
+        """T - U - F: T >= U + F + base_ms + the placed pieces' time is T - U - F - pieces >= base_ms."""
+        return [(self.T, 1.0), (self.U, -1.0), (self.F, -1.0)]
 
     @property
     def placed(self) -> list[tuple[pulp.LpVariable, ShardingOption]]:
         return [(x, o) for x, o in self.pairs if not o.is_uniform]
 
     def _add_piece_levels(self) -> None:
-        w, prob = self.p.topo.world, self.prob
+        w, prob, row = self.p.topo.world, self.prob, cbc.row
         inf = float("inf")
         q = sorted(min((o.perf.total for o in opts if not o.is_uniform), default=inf) for opts in self.p.options)
         q = [x for x in q if x != inf]
         most = sum(max((o.num_pieces for o in opts if not o.is_uniform), default=0) for opts in self.p.options)
         count = cbc.var(prob, "pieces", low=0)   # pieces placed (one variable: each level row names it once)
-        prob += count == pulp.lpSum(o.num_pieces * x for x, o in self.placed), "pieces"
+        row(prob, [(count, 1.0)] + [(x, -float(o.num_pieces)) for x, o in self.placed], EQ, 0.0, "pieces")
         for k in range(1, min(len(q), MAX_PIECE_LEVELS) + 1):
             if most <= (k - 1) * w:
                 break
             y = cbc.var(prob, f"y_{k}", cat="Binary")
-            prob += count <= (k - 1) * w + (most - (k - 1) * w) * y, f"level_{k}"
+            row(prob, [(count, 1.0), (y, -float(most - (k - 1) * w))], LE, float((k - 1) * w), f"level_{k}")
             if self.levels:
-                prob += self.levels[-1][1] >= y
+                row(prob, [(self.levels[-1][1], 1.0), (y, -1.0)], GE, 0.0, f"level_order_{k}")
             self.levels.append((k, y))
         self.count = count
         if self.levels:
-            prob += self.T >= self.base + pulp.lpSum(q[k - 1] * y for k, y in self.levels), "piece_levels"
+            row(prob, self._base_terms() + [(y, -q[k - 1]) for k, y in self.levels], GE, self.base_ms,
+                "piece_levels")
             self._add_threshold_cuts()
 
     def _add_threshold_cuts(self) -> None:
@@ -110,20 +128,24 @@ class AggregateModel:
         lams = sorted({values[min(len(values) - 1, (j * len(values)) // per_level)] for j in range(per_level)})
         for k, y in self.levels:
             for j, lam in enumerate(lams):
-                slack = pulp.lpSum((lam - o.perf.total) * x for x, o in placed if o.perf.total < lam)
-                self.prob += self.T >= self.base + k * lam * y - slack, f"threshold_{k}_{j}"
+                slack = [(x, lam - o.perf.total) for x, o in placed if o.perf.total < lam]
+                cbc.row(self.prob, self._base_terms() + [(y, -k * lam)] + slack, GE, self.base_ms,
+                        f"threshold_{k}_{j}")
 
     def set_objective(self, weight: float) -> None:
-        self.prob += self.T + weight * pulp.lpSum(o.total_comm * x for x, o in self.pairs)
+        # assigned (the LP relaxation and then the MIP set it on one model; += would warn the second time)
+        self.prob.objective = pulp.LpAffineExpression([(self.T, 1.0)]
+                                                      + [(x, weight * o.total_comm) for x, o in self.pairs])
 
     def warm_start(self, warm: Sequence[Placement], upper: float) -> None:
         chosen = {id(pl.option) for pl in warm}
         for x, o in self.pairs:
             x.setInitialValue(1.0 if id(o) in chosen else 0.0)
         picked = [o for _, o in self.pairs if id(o) in chosen]
+        cap = self.capacity
         self.U.setInitialValue(sum(o.perf.total for o in picked if o.is_uniform))
-        self.Uh.setInitialValue(sum(o.storage.hbm for o in picked if o.is_uniform))
-        self.Us.setInitialValue(sum(o.storage.host for o in picked if o.is_uniform))
+        self.Uh.setInitialValue(sum(_share(o.storage.hbm, cap.hbm) for o in picked if o.is_uniform))
+        self.Us.setInitialValue(sum(_share(o.storage.host, cap.host) for o in picked if o.is_uniform))
         self.shared.warm_start(picked)
         self.F.setInitialValue(self.p.fixed.shared_ms({o.sharding for o in picked}, sum(len(pl.ranks) for pl in warm)))
         self.T.setInitialValue(upper)
@@ -133,19 +155,6 @@ class AggregateModel:
         self.count.setInitialValue(pieces)
 
     def picked(self) -> list[ShardingOption]:
+        """Each table's option with the largest value (the LP relaxation's solution rounded; a MIP's as it is)."""
         return [opts[max(range(len(opts)), key=lambda j: self.xs[t][j].value() or 0.0)]
                 for t, opts in enumerate(self.p.options)]
-
-
-def solve_aggregate(p: IlpProblem, warm: Optional[Sequence[Placement]],
-                    capacity_scale: float) -> tuple[Optional[list[ShardingOption]], float, str]:
-    """Choose one option per table. Returns (options or None, bound on the makespan, status); the bound is valid for
-    every plan only at capacity_scale 1 (a smaller capacity is a restriction), else 0. Uses p.time_limit_s."""
-    cap = Storage(int(p.capacity.hbm * capacity_scale), int(p.capacity.host * capacity_scale))
-    model = AggregateModel(p, cap)
-    out, weight = run_model(p, model, warm)
-    full = capacity_scale >= 1.0
-    bound = p.bound_on_makespan(out.bound, weight) if full else 0.0
-    if out.objective is None:
-        return None, (float("inf") if out.status == "infeasible" and full else bound), out.status
-    return model.picked(), bound, out.status

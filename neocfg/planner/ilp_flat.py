@@ -45,8 +45,7 @@ class FlatModel:
             for i, o in enumerate(opts):
                 self._add_option((t, i), o, xs[i])
         self.shared = SharedFixed.build(self.prob, self.p, self.choose, binary=True)
-        self.F = cbc.var(self.prob, "F", low=0)   # the fixed time every device pays
-        self.prob += self.F == self.shared.expr, "shared_fixed"
+        self.F = self.shared.define(self.prob)   # the fixed time every device pays
         self._add_groups()
         self._add_device_rows()
 
@@ -92,7 +91,8 @@ class FlatModel:
     def _add_device_rows(self) -> None:
         p, prob, topo = self.p, self.prob, self.p.topo
         dev_time = [pulp.lpSum(c * v for v, c in self.terms["time"][d]) for d in range(topo.world)]
-        prob += self.T >= p.offset_ms + lower_bound(topo, p.options, p.fixed), "known_bound"
+        known = max(lower_bound(topo, p.options, p.fixed), p.known_bound_ms)
+        prob += self.T >= p.offset_ms + known, "known_bound"
         for d in range(topo.world):
             groups = pulp.lpSum(p.fixed.group_ms * g for g in self.groups[d].values())
             prob += dev_time[d] + groups + self.F + p.offset_ms <= self.T, f"time_{d}"

@@ -38,6 +38,9 @@ class IlpProblem:
     solver: MipSolver = MipSolver.cbc
     # time.perf_counter() by which the solver must stop (model building counts against it); None: time_limit_s
     deadline: Optional[float] = None
+    # A proven lower bound on the makespan found elsewhere (the aggregated model's, before the exact model runs): the
+    # exact model starts from it, so its solver can stop once a plan is within the gap of it.
+    known_bound_ms: float = 0.0
 
     def seconds_left(self) -> float:
         """The solver's time limit: time_limit_s, or what is left until the deadline (at least MIN_SOLVE_S and
@@ -82,16 +85,17 @@ class SharedFixed:
     at all), continuous in the aggregate (its binaries keep CBC from finding any solution of memory-tight prod_856 x
     16 in time; with x integral the minimization sets it to 0 or 1 anyway)."""
 
-    expr: pulp.LpAffineExpression
+    base_ms: float
+    terms: list[tuple[pulp.LpVariable, float]] = field(default_factory=list)   # F = base_ms + sum(coef x var)
     used: list[tuple[frozenset[ShardingType], pulp.LpVariable]] = field(default_factory=list)
 
     @staticmethod
     def build(prob: pulp.LpProblem, p: IlpProblem, xs: Sequence[Sequence[pulp.LpVariable]],
               binary: bool) -> "SharedFixed":
         f = p.fixed
-        pairs = [(x, o) for row, opts in zip(xs, p.options) for x, o in zip(row, opts)]
-        expr = pulp.lpSum(f.piece_ms * o.num_pieces * x for x, o in pairs if f.piece_ms) + f.base_ms
-        out = SharedFixed(expr)
+        out = SharedFixed(f.base_ms)
+        if f.piece_ms:
+            out.terms = [(x, f.piece_ms * o.num_pieces) for row, opts in zip(xs, p.options) for x, o in zip(row, opts)]
         for g, (kinds, ms) in enumerate(f.kinds):
             rows = [[x for x, o in zip(row, opts) if o.sharding in kinds] for row, opts in zip(xs, p.options)]
             rows = [r for r in rows if r]
@@ -99,10 +103,17 @@ class SharedFixed:
                 continue
             u = cbc.var(prob, f"used_{g}", cat="Binary") if binary else cbc.var(prob, f"used_{g}", low=0)
             for t, r in enumerate(rows):
-                prob += u >= pulp.lpSum(r), f"used_{g}_{t}"
+                cbc.row(prob, [(u, 1.0)] + [(x, -1.0) for x in r], pulp.LpConstraintGE, 0.0, f"used_{g}_{t}")
             out.used.append((kinds, u))
-            out.expr += ms * u
+            out.terms.append((u, ms))
         return out
+
+    def define(self, prob: pulp.LpProblem) -> pulp.LpVariable:
+        """The variable F = the fixed time every device pays."""
+        f = cbc.var(prob, "F", low=0)
+        cbc.row(prob, [(f, 1.0)] + [(v, -c) for v, c in self.terms], pulp.LpConstraintEQ, self.base_ms,
+                "shared_fixed")
+        return f
 
     def warm_start(self, chosen: Iterable[ShardingOption]) -> None:
         kinds = {o.sharding for o in chosen}
@@ -118,16 +129,18 @@ class IlpModel(Protocol):
     def warm_start(self, warm: Sequence[Placement], upper: float) -> None: ...
 
 
-def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]]) -> tuple[cbc.MipOutcome, float]:
-    """Objective (step time + tie-breaker on comm), warm start from `warm` (in the model's numbering), CBC.
-    Returns CBC's outcome and the tie-breaker weight (to turn CBC's bound into one on the makespan)."""
+def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]],
+              relax: bool = False) -> tuple[cbc.MipOutcome, float]:
+    """Objective (step time + tie-breaker on comm), warm start from `warm` (in the model's numbering), the solver;
+    relax: its LP relaxation only. Returns the solver's outcome and the tie-breaker weight (to turn the solver's
+    bound into one on the makespan)."""
     upper = p.makespan(warm) + p.offset_ms if warm else 0.0
     weight = p.tiebreak_weight(upper or 1.0)
     model.set_objective(weight)
-    if warm:
+    if warm and not relax:
         model.warm_start(warm, upper)
     if p.solver is MipSolver.highs:
         from neocfg.planner import highs
 
-        return highs.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm)), weight
-    return cbc.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm)), weight
+        return highs.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm), relax=relax), weight
+    return cbc.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm), relax=relax), weight

@@ -145,6 +145,7 @@ class PlacementSource(Enum):
 
     ilp = "ilp"                  # the flat ILP's own placement (every piece placed by the solver)
     ilp_choice = "ilp_choice"    # the aggregated ILP chose each table's option; placed largest first + local search
+    lp_choice = "lp_choice"      # the aggregated model's LP relaxation, each table's largest option; placed the same way
     warm_start = "warm_start"    # the greedy plan improved by local search (the ILP's warm start): no ILP plan beat it
     greedy = "greedy"            # planner.algorithm=greedy
     given = "given"              # a given plan rated without solving (planner.plan_file in mode=plan, TorchRec plans)
