@@ -7,9 +7,15 @@ neocfg.interop's torchrec_plan converter), fused exact row-wise Adagrad on the t
 (lr 0.05 both). The same 2 rank processes hold all three (neocfg's Trainer on the table-wise plan, on its own plan,
 and DMP) and take turns one step each, the order rotating, after a barrier, so the machine's load (shared, noisy)
 hits all alike; each step's time on rank 0 counts, the medians over steps give samples/s, and repeats (fresh
-processes) give the spread. neocfg's step is its Trainer.train_step and includes its data wait (the prefetched
-synthetic source); TorchRec gets its batches (the same synthetic samples as KeyedJaggedTensors) generated before
-timing. Both skip 2 warm-up steps.
+processes) give the spread. Both cycle through the same 8 synthetic batches per rank, generated before timing
+(neocfg's Trainer gets them as its batch source, TorchRec as KeyedJaggedTensors), so neither pays for batch
+generation in its timed steps (neocfg's own prefetch thread would otherwise compete with the two ranks for the two
+cores while either system runs). What is timed: neocfg's Trainer.train_step (input distribution, lookups, output
+exchange, dense forward/backward with DDP, both optimizers), TorchRec's DMP forward, loss, backward and optimizer
+step. Both skip 2 warm-up steps.
+
+--variant NAME:OVERRIDES adds neocfg on the table-wise plan with extra Hydra overrides (space-separated) to the same
+interleaving, e.g. --variant "nopipe:train.pipeline=false"; its ratio to TorchRec is printed too.
 
 Models: `tiny8` (8 tables of dim 16, 1k..200k rows, pooling 1..4, dlrm_tiny's MLPs) and `criteo` (the Criteo
 Kaggle tables capped at 1M rows, dim 16, MLPs 512-256-64-16 / 512-256-1).
@@ -18,7 +24,8 @@ TorchRec lives in .venv-torchrec (`make torchrec-env`: TorchRec 1.8 without its 
 fbgemm-gpu-cpu 1.8). Run from either environment: without TorchRec importable here, the bench builds that
 environment if needed and re-runs itself there, or says why it cannot.
 
-    .venv/bin/python bench/bench_vs_torchrec.py [--models tiny8,criteo] [--steps 60] [--repeats 3] [--out x.json]
+    .venv/bin/python bench/bench_vs_torchrec.py [--models tiny8,criteo] [--steps 40] [--repeats 3] [--out x.json]
+        [--variant NAME:OVERRIDES ...] [--no-own-plan]
 """
 
 from __future__ import annotations
@@ -42,8 +49,8 @@ LR = 0.05
 WARMUP = 2
 # Fresh ports to try when the one picked is taken before rank 0 binds it (other jobs share the machine).
 PORT_ATTEMPTS = 3
-# Distinct pre-generated batches TorchRec cycles through (generation stays out of its timing).
-TORCHREC_BATCHES = 8
+# Distinct pre-generated batches both systems cycle through (generation stays out of the timing).
+BENCH_BATCHES = 8
 # tiny8: rows and pooling per table (dlrm_tiny's tables resized to span 1k..200k rows and pooling 1..4).
 TINY8_ROWS = (1000, 5000, 20000, 200000, 10000, 2000, 50000, 100000)
 TINY8_POOLING = (1, 2, 1, 3, 1, 4, 1, 2)
@@ -69,13 +76,14 @@ def ensure_torchrec() -> None:
     os.execv(str(tr_py), [str(tr_py), *sys.argv])
 
 
-def neocfg_config(model: str, batch: int, steps: int, sharding_types: str | None):
+def neocfg_config(model: str, batch: int, steps: int, sharding_types: str | None, extra: tuple[str, ...] = ()):
     common = ["hardware=cpu_local", "mode=train", f"train.steps={steps}", f"train.batch_size={batch}",
               "train.eval_batches=0", f"train.log_every={steps}", "train.dense_optimizer=adagrad",
               f"train.dense_learning_rate={LR}", "train.sparse_optimizer=exact_rowwise_adagrad",
               f"train.sparse_learning_rate={LR}"]
     if sharding_types:
         common.append(f"planner.sharding_types=[{sharding_types}]")
+    common += list(extra)
     if model == "tiny8":
         cfg = compose_cfg(["model=dlrm_tiny", *common])
         tables = [dataclasses.replace(t, num_embeddings=r, pooling_factor=float(p))
@@ -84,6 +92,38 @@ def neocfg_config(model: str, batch: int, steps: int, sharding_types: str | None
     if model == "criteo":
         return compose_cfg(["model=criteo_kaggle", *cap_rows("criteo_kaggle", 1_000_000), *common])
     raise SystemExit(f"--models: unknown model {model!r}; allowed: tiny8, criteo")
+
+
+def bench_batches(cfg, rank: int) -> list:
+    """This rank's BENCH_BATCHES synthetic batches (the samples its neocfg source would deliver first)."""
+    from neocfg.data.synthetic import SyntheticData
+
+    data, b = SyntheticData.for_model(cfg.model, cfg.dsi.seed), cfg.train.batch_size
+    return [data.batch((s * WORLD + rank) * b, b) for s in range(BENCH_BATCHES)]
+
+
+class CycleSource:
+    """neocfg's BatchSource over pre-generated batches, in a cycle."""
+
+    def __init__(self, batches: list) -> None:
+        self.batches, self.step = batches, 0
+
+    def next_batch(self):
+        batch = self.batches[self.step % len(self.batches)]
+        self.step += 1
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+
+    def stats(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass
 
 
 # ------------------------------------------------------------------------------------------------ TorchRec side
@@ -102,10 +142,9 @@ def _build_dmp(cfg, exported: dict, rank: int):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from neocfg.data.synthetic import SyntheticData
     from neocfg.interop.torchrec import to_sharding_plan
 
-    m, b = cfg.model, cfg.train.batch_size
+    m = cfg.model
     torch.manual_seed(cfg.train.seed)
     ebc = EmbeddingBagCollection(tables=[
         EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
@@ -118,17 +157,15 @@ def _build_dmp(cfg, exported: dict, rank: int):
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=torch.device("cpu"))
     opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                 lambda ps: torch.optim.Adagrad(ps, lr=LR))
-    data = SyntheticData.for_model(m, cfg.dsi.seed)
     keys = [t.name for t in m.tables]
     batches = []
-    for s in range(TORCHREC_BATCHES):
-        x = data.batch((s * WORLD + rank) * b, b)
+    for x in bench_batches(cfg, rank):
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=x.values, lengths=x.lengths.reshape(-1))
         batches.append((x.dense, kjt, x.labels))
     counter = [0]
 
     def step() -> None:
-        dense, kjt, labels = batches[counter[0] % TORCHREC_BATCHES]
+        dense, kjt, labels = batches[counter[0] % BENCH_BATCHES]
         counter[0] += 1
         loss = torch.nn.functional.binary_cross_entropy_with_logits(dmp(dense, kjt).squeeze(-1), labels)
         opt.zero_grad()
@@ -155,7 +192,7 @@ def _worker(rank: int, port: int, jobs: dict, steps: int, out_dir: str) -> None:
             if kind == "torchrec":
                 step_fns[name] = _build_dmp(cfg, to_torchrec_dict(plan, "cpu"), rank)
             else:
-                trainer = Trainer(cfg, plan, None, torch.device("cpu"))
+                trainer = Trainer(cfg, plan, None, torch.device("cpu"), source=CycleSource(bench_batches(cfg, rank)))
                 step_fns[name] = lambda t=trainer: t.train_step()
         names = list(step_fns)
         times = {n: [] for n in names}
@@ -205,6 +242,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40, help="steps per system per repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-own-plan", action="store_true", help="skip neocfg on its own (unforced) plan")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:OVERRIDES",
+                    help="neocfg on the table-wise plan with extra space-separated Hydra overrides (repeatable)")
     ap.add_argument("--out")
     a = ap.parse_args()
     ensure_torchrec()
@@ -221,6 +260,10 @@ def main() -> None:
             jobs = {"neocfg_tw": ("neocfg", tw_cfg, tw_plan), "torchrec_tw": ("torchrec", tw_cfg, tw_plan)}
             if not a.no_own_plan:
                 jobs["neocfg_own"] = ("neocfg", own_cfg, own_plan)
+            for spec in a.variant:
+                name, _, overrides = spec.partition(":")
+                jobs[f"neocfg_{name}"] = ("neocfg", neocfg_config(model, a.batch, a.steps, "table_wise",
+                                                                tuple(overrides.split())), tw_plan)
             runs: dict[str, list[dict]] = {k: [] for k in jobs}
             for rep in range(a.repeats):
                 got = run_interleaved(jobs, a.steps)
@@ -240,6 +283,12 @@ def main() -> None:
                 "ratio_own_plan_per_repeat": per_own,
                 "own_plan_shardings": sorted({t.sharding.value for t in own_plan.tables}),
                 "runs": runs}
+            for spec in a.variant:
+                k = f"neocfg_{spec.partition(':')[0]}"
+                per = [n["samples_per_s"] / t["samples_per_s"] for n, t in zip(runs[k], runs["torchrec_tw"])]
+                results[model][f"ratio_{k}_per_repeat"] = per
+                print(f"{model}: {k} / TorchRec DMP: {statistics.median(per):.2f}x (per repeat "
+                      + ", ".join(f"{r:.2f}" for r in per) + ")", file=sys.stderr)
             own = results[model]["ratio_own_plan"]
             print(f"{model}: neocfg / TorchRec DMP samples/s (table-wise, median of {a.repeats} repeats): "
                   f"{results[model]['ratio_tw']:.2f}x (target >= 1.2x; per repeat "

@@ -23,7 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dpp.sizing import PlannedDpp
-from neocfg.data.source import make_source
+from neocfg.data.source import BatchSource, make_source
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
@@ -70,7 +70,9 @@ def _fault_step(rank: int, kind: str = "kill") -> Optional[int]:
 
 
 class Trainer:
-    def __init__(self, cfg: NeocfgConfig, plan: Plan, run_dir: Optional[Path], device: torch.device) -> None:
+    def __init__(self, cfg: NeocfgConfig, plan: Plan, run_dir: Optional[Path], device: torch.device,
+                 source: Optional[BatchSource] = None) -> None:
+        """source: where the training batches come from (default: make_source(cfg), e.g. a benchmark's own)."""
         self.cfg, self.plan, self.run_dir, self.device = cfg, plan, run_dir, device
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if plan.world_size != self.world:
@@ -98,8 +100,9 @@ class Trainer:
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None,
                                            **DDP_OPTIONS)
         self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
-        self.source = make_source(cfg, self.rank, self.world, sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi),
-                                  share=self._share, pin_memory=device.type == "cuda")
+        self.source = source or make_source(cfg, self.rank, self.world,
+                                            sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
+                                            pin_memory=device.type == "cuda")
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
