@@ -2,13 +2,18 @@
 
     .venv/bin/python bench/bench_planner.py [--quick] [--out bench/results] [--time-limit 45] [--solvers cbc highs]
     .venv/bin/python bench/bench_planner.py --scale [--solvers cbc]
+    .venv/bin/python bench/bench_planner.py --quick --restricted
 
 Prints per case: wall and CPU seconds (options + solver; CPU counts the solver's process too) of each algorithm,
 their objectives (estimated step ms), the ILP's proven lower bound and gap, the embedding-only gap (the dense part
 is the same for every plan), ILP/greedy and where the kept placement came from. With several --solvers, one ILP row
 per solver (same instance, run one after the other). Writes <out>/bench_planner.json and .png. --quick: 8 and 128
 devices, 15 s solver limit. --scale: the ILP on growing tables x devices (up to prod_4096 on 512 devices), time
-against tables x devices in <out>/bench_planner_scale.json and .png.
+against tables x devices in <out>/bench_planner_scale.json and .png. --restricted: per case also the ILP with each
+restriction of planner.sharding_types that changes the collectives issued (each type alone, each collective group;
+neocfg.planner.fixed.restricted_sharding_types), and checks issue 12's done-when item: no restricted plan beats the
+full run's lower bound, and the full run's plan is within its gap of the best restricted one (printed, in the JSON,
+and the exit status is 1 if it fails anywhere).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from neocfg.config.schema import load, register  # noqa: E402
 from neocfg.errors import NeocfgError  # noqa: E402
+from neocfg.planner.fixed import restricted_sharding_types  # noqa: E402
 from neocfg.planner.pipeline import plan_placement  # noqa: E402
 
 NODES = {8: 1, 16: 2, 128: 16}
@@ -52,11 +58,31 @@ class Run:
 
 
 @dataclass
+class Restricted:
+    """The ILP under each restriction of planner.sharding_types (objective ms, None where nothing fits) against the
+    full run's bound and plan (per solver)."""
+
+    objective_ms: dict[str, Optional[float]]          # by restriction ("table_wise,column_wise,...")
+    best: Optional[str]
+    bound_holds: dict[str, bool]                       # by solver: full bound <= every restricted plan
+    within_gap: dict[str, bool]                        # by solver: full plan within its gap of the best restricted
+
+    @property
+    def restricted_best_ms(self) -> Optional[float]:
+        return None if self.best is None else self.objective_ms[self.best]
+
+    @property
+    def ok(self) -> bool:
+        return all(self.bound_holds.values()) and all(self.within_gap.values())
+
+
+@dataclass
 class Case:
     model: str
     devices: int
     greedy: Run
     ilp: dict[str, Run]     # by solver
+    restricted: Optional[Restricted] = None
 
     def ratio(self, solver: str) -> Optional[float]:
         i = self.ilp[solver]
@@ -77,11 +103,12 @@ def cpu_now() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_one(model: str, devices: int, algorithm: str, time_limit: float, solver: str = "cbc") -> Run:
+def run_one(model: str, devices: int, algorithm: str, time_limit: float, solver: str = "cbc",
+            extra: tuple[str, ...] = ()) -> Run:
     nodes = devices // DEVICES_PER_NODE
     cfg = compose_cfg([f"model={model}", "hardware=zionex_1node", f"hardware.nodes={nodes}",
                        f"hardware.name=zionex_{nodes}node", f"planner.solver={solver}",
-                       f"planner.algorithm={algorithm}", f"planner.time_limit_s={time_limit}"])
+                       f"planner.algorithm={algorithm}", f"planner.time_limit_s={time_limit}", *extra])
     t0, c0 = time.perf_counter(), cpu_now()
     try:
         plan = plan_placement(cfg)
@@ -91,6 +118,30 @@ def run_one(model: str, devices: int, algorithm: str, time_limit: float, solver:
     emb = s.objective_ms - plan.estimate.dense_ms
     return Run(time.perf_counter() - t0, cpu_now() - c0, s.objective_ms, s.lower_bound_ms, s.gap,
                (s.objective_ms - s.lower_bound_ms) / emb if emb > 0 else 0.0, s.status, s.placement_source)
+
+
+# Float rounding between the bound's terms and the cost model's (tests/test_planner_bound.py: ROUND).
+ROUND = 1 + 1e-9
+
+
+def check_restricted(model: str, devices: int, limit: float, solver: str, full: dict[str, Run]) -> Restricted:
+    """The ILP under each restriction; every restricted plan is a plan of the full option space."""
+    objective: dict[str, Optional[float]] = {}
+    for kinds in restricted_sharding_types():
+        name = ",".join(k.value for k in kinds)
+        objective[name] = run_one(model, devices, "ilp", limit, solver, (f"planner.sharding_types=[{name}]",)
+                                  ).objective_ms
+    found = {k: v for k, v in objective.items() if v is not None}
+    best = min(found, key=found.__getitem__) if found else None
+    holds, within = {}, {}
+    for sv, r in full.items():
+        if r.objective_ms is None or r.lower_bound_ms is None:
+            # nothing planned in full: no restricted run may have found a plan either
+            holds[sv] = within[sv] = not found
+            continue
+        holds[sv] = all(r.lower_bound_ms <= v * ROUND for v in found.values())
+        within[sv] = best is None or r.objective_ms * (1 - r.gap) <= found[best] * ROUND
+    return Restricted(objective, best, holds, within)
 
 
 def fmt(x: Optional[float], spec: str) -> str:
@@ -106,6 +157,8 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None, help="model presets (default: all in conf/model)")
     ap.add_argument("--devices", nargs="*", type=int, default=None, choices=sorted(NODES))
     ap.add_argument("--solvers", nargs="*", default=["cbc"], choices=["cbc", "highs"])
+    ap.add_argument("--restricted", action="store_true",
+                    help="also each restriction of planner.sharding_types; check the full run's bound against them")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,6 +178,8 @@ def main() -> None:
         for devices in sizes:
             g = run_one(model, devices, "greedy", limit)
             c = Case(model, devices, g, {sv: run_one(model, devices, "ilp", limit, sv) for sv in args.solvers})
+            if args.restricted:
+                c.restricted = check_restricted(model, devices, limit, args.solvers[0], c.ilp)
             cases.append(c)
             for sv, i in c.ilp.items():
                 status = f"{i.status}, {i.placement_source}" if i.error is None else f"{i.error[:60]}..."
@@ -133,11 +188,23 @@ def main() -> None:
                       f" {fmt(i.lower_bound_ms, '10.4f')} {fmt(None if i.gap is None else 100 * i.gap, '5.2f')}%"
                       f" {fmt(None if i.embedding_gap is None else 100 * i.embedding_gap, '6.2f')}%"
                       f" | {fmt(c.ratio(sv), '10.4f')}  {status}", flush=True)
+            if c.restricted is not None:
+                r = c.restricted
+                best = "-" if r.best is None else f"{r.restricted_best_ms:.4f} ms ({r.best})"
+                print(f"{'':<24}restricted: best {best}; full bound <= all {len(r.objective_ms)} restricted plans: "
+                      f"{'yes' if all(r.bound_holds.values()) else 'NO'}; full plan within its gap of the best: "
+                      f"{'yes' if all(r.within_gap.values()) else 'NO'}", flush=True)
     (out / "bench_planner.json").write_text(json.dumps(
         {"time_limit_s": limit, "cases": [{**asdict(c), "ilp_over_greedy": {sv: c.ratio(sv) for sv in c.ilp}}
                                           for c in cases]}, indent=1))
     save_png(cases, out / "bench_planner.png")
     print(f"results written to {out / 'bench_planner.json'} and {out / 'bench_planner.png'}")
+    if args.restricted:
+        failed = [f"{c.model} x {c.devices}" for c in cases if c.restricted is not None and not c.restricted.ok]
+        print(f"restricted sharding types: {'every case holds' if not failed else 'FAILS on ' + ', '.join(failed)}"
+              f" ({len(cases)} cases)")
+        if failed:
+            sys.exit(1)
 
 
 def scale(solvers: list[str], limit: float, out: Path) -> None:

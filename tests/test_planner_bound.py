@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 
+from neocfg.errors import NeocfgError
 from neocfg.planner.assemble import assemble
 from neocfg.planner.costs import CostModel, dense_cost
-from neocfg.planner.fixed import FixedCosts
+from neocfg.planner.fixed import FixedCosts, restricted_sharding_types
 from neocfg.planner.ilp_problem import IlpProblem
 from neocfg.planner.options import all_options
 from neocfg.planner.pipeline import plan_placement
@@ -104,6 +105,26 @@ def test_restricted_sharding_types_never_beat_the_full_bound():
     assert full.solver.lower_bound_ms <= full.solver.objective_ms
     # the full run's plan is within its gap of the restricted one
     assert full.solver.objective_ms * (1 - full.solver.gap) <= restricted.solver.objective_ms + 1e-12
+
+
+@pytest.mark.parametrize("path", [FLAT, DECOMPOSED])
+def test_every_restriction_of_sharding_types_stays_above_the_full_bound(path):
+    # Issue 12's done-when item on a small instance, for every restriction that changes the collectives issued (what
+    # bench_planner.py --restricted checks on the bench instances): each restricted plan is a plan of the full option
+    # space, so it can't beat the full run's bound, and the full plan is within its gap of the best of them.
+    rows, extra = INSTANCES["all_types"]
+    base = [*FIXED, *SMALL, *extra, path]
+    full = plan_placement(round_cfg(rows, *base)).solver
+    found = []
+    for kinds in restricted_sharding_types():
+        types = ",".join(k.value for k in kinds)
+        try:
+            found.append(plan_placement(round_cfg(rows, *base, f"planner.sharding_types=[{types}]")).solver)
+        except NeocfgError:
+            continue   # nothing of this restriction fits
+    assert len(found) >= 4
+    assert all(full.lower_bound_ms <= r.objective_ms * ROUND for r in found)
+    assert full.objective_ms * (1 - full.gap) <= min(r.objective_ms for r in found) * ROUND
 
 
 KINDS = ["table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel"]

@@ -34,6 +34,14 @@ def collective_groups() -> tuple[tuple[frozenset[ShardingType], int], ...]:
     return tuple((frozenset(ks), OUTPUT_COLLECTIVES[kind]) for kind, ks in by_kind.items())
 
 
+def restricted_sharding_types() -> list[tuple[ShardingType, ...]]:
+    """The restrictions of planner.sharding_types that change which collectives a plan issues: each sharding type
+    alone and each collective group of several types. A restricted run's plans are plans of the full option space,
+    so none may beat the full run's bound (bench/bench_planner.py --restricted, tests/test_planner_bound.py)."""
+    groups = [tuple(sorted(ks, key=lambda s: s.value)) for ks, _ in collective_groups() if len(ks) > 1]
+    return [(s,) for s in ShardingType] + groups
+
+
 def lookup_group(o: ShardingOption) -> GroupKey:
     """The fused lookup (TBE) a piece of this option joins on its device."""
     return (o.dtype, o.tier)
