@@ -9,6 +9,7 @@ with them). Pooled outputs and their gradients travel in plan.a2a_fwd_dtype / a2
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import dataclass
 from typing import Optional
@@ -80,8 +81,6 @@ class ExchangePlan:
     a2a_widths: list[int]           # all_to_all columns held by each rank
     a2a_target: torch.Tensor        # output columns of the received all_to_all pieces (source-major)
     rs_target: torch.Tensor
-    a2a_gather: torch.Tensor        # received all_to_all elements -> [B, sum of the pieces' columns] (flat)
-    a2a_scatter: torch.Tensor       # its inverse: [B, columns] (flat) -> the order the all_to_all sends
     hier_target: torch.Tensor
     hier_widths: list[int]          # hierarchical columns of each node
     node_comms: Optional[NodeComms]
@@ -89,6 +88,12 @@ class ExchangePlan:
     bwd_dtype: torch.dtype
     grad_scale: float               # 1/world: the global loss is the mean over the global batch
     stopwatch: Stopwatch
+    # The received elements' places in the output ([B, sum of the pieces' columns] by _piece_gather, then
+    # a2a_target) composed and cut into runs of contiguous elements (ChunkGather): received all_to_all elements
+    # (and one zero run) -> the whole [B, total_dim] output; the flat output gradient -> the order the all_to_all
+    # sends. One gather each way instead of a zero fill, two index ops and an index_add.
+    a2a_to_out: Optional["ChunkGather"] = None
+    out_to_a2a: Optional["ChunkGather"] = None
 
     @staticmethod
     def build(layout: Layout, comm: Comm, batch_size: int, fwd: CommDtype, bwd: CommDtype,
@@ -98,14 +103,68 @@ class ExchangePlan:
                       if hier.numel() else None)
         widths = [r.width(OutputKind.all_to_all) for r in layout.ranks]
         gather = _piece_gather(batch_size, widths)
+        target = layout.target_columns(OutputKind.all_to_all)
+        a2a_to_out = out_to_a2a = None
+        if target.numel():
+            a, total, n_recv = len(target), layout.total_dim, batch_size * sum(widths)
+            out_pos = (torch.arange(batch_size).repeat_interleave(a) * total + target.repeat(batch_size))
+            src_of_out = torch.full((batch_size * total,), n_recv, dtype=torch.long)   # n_recv: the zero run
+            src_of_out[out_pos] = gather
+            scatter = torch.argsort(gather)
+            a2a_to_out = ChunkGather.build(src_of_out, n_recv, zero_run=True)
+            out_to_a2a = ChunkGather.build(out_pos.index_select(0, scatter), batch_size * total)
         return ExchangePlan(
             comm=comm, batch_size=batch_size, total_dim=layout.total_dim,
-            a2a_widths=widths, a2a_gather=gather, a2a_scatter=torch.argsort(gather),
-            a2a_target=layout.target_columns(OutputKind.all_to_all),
+            a2a_widths=widths, a2a_target=target,
             rs_target=layout.target_columns(OutputKind.reduce_scatter),
             hier_target=hier, hier_widths=layout.hierarchical_widths(), node_comms=node_comms,
             fwd_dtype=TORCH_DTYPES[fwd], bwd_dtype=TORCH_DTYPES[bwd], grad_scale=1.0 / comm.world,
-            stopwatch=stopwatch)
+            stopwatch=stopwatch, a2a_to_out=a2a_to_out, out_to_a2a=out_to_a2a)
+
+    def to(self, device: torch.device) -> "ExchangePlan":
+        """The plan with its index tensors on `device`."""
+        moved = {name: getattr(self, name).to(device)
+                 for name in ("a2a_target", "rs_target", "hier_target")}
+        chunks = {name: getattr(self, name).to(device) if getattr(self, name) is not None else None
+                  for name in ("a2a_to_out", "out_to_a2a")}
+        return dataclasses.replace(self, **moved, **chunks)
+
+
+# Run lengths ChunkGather tries, longest first (embedding dims and column slices are multiples of 4 in practice).
+CHUNK_RUNS = (128, 64, 32, 16, 8, 4, 2)
+
+
+@dataclass
+class ChunkGather:
+    """out = src[index] for a flat element map `index`, done as a gather of runs of `run` contiguous elements
+    (src viewed as [n / run, run]: one index per run, each a memcpy of run elements): the longest run in CHUNK_RUNS
+    such that the map is made of aligned runs, else elementwise. zero_run: index value `src_numel` stands for a
+    zero (a run of zeros is appended to src)."""
+
+    run: int
+    index: torch.Tensor
+    zero_run: bool
+
+    @staticmethod
+    def build(index: torch.Tensor, src_numel: int, zero_run: bool = False) -> "ChunkGather":
+        pos = torch.arange(index.numel())
+        zero = index >= src_numel if zero_run else None
+        for run in CHUNK_RUNS:
+            if index.numel() % run or src_numel % run:
+                continue
+            # a zero at position p is element p % run of the appended zero run
+            v = (index if zero is None else torch.where(zero, src_numel + pos % run, index)).view(-1, run)
+            if bool((v[:, 0] % run == 0).all()) and bool((v == v[:, :1] + torch.arange(run)).all()):
+                return ChunkGather(run, v[:, 0] // run, zero_run)
+        return ChunkGather(1, index if zero is None else index.clamp(max=src_numel), zero_run)
+
+    def to(self, device: torch.device) -> "ChunkGather":
+        return dataclasses.replace(self, index=self.index.to(device))
+
+    def __call__(self, src: torch.Tensor) -> torch.Tensor:
+        if self.zero_run:
+            src = torch.cat([src.reshape(-1), src.new_zeros(self.run)])
+        return src.reshape(-1, self.run).index_select(0, self.index).view(-1)
 
 
 class EmbeddingExchange(torch.autograd.Function):
@@ -118,12 +177,13 @@ class EmbeddingExchange(torch.autograd.Function):
         ctx.xp = xp
         comm, b = xp.comm, xp.batch_size
         with xp.stopwatch("comm_fwd"):
-            out = a2a_part.new_zeros((b, xp.total_dim))
-            if xp.a2a_target.numel():
+            if xp.a2a_to_out is not None:
                 me = xp.a2a_widths[comm.rank]
                 recv = comm.all_to_all(a2a_part.to(xp.fwd_dtype).reshape(-1), [b * w for w in xp.a2a_widths],
-                                       [b * me] * comm.world).to(out.dtype)
-                out.index_add_(1, xp.a2a_target, recv.index_select(0, xp.a2a_gather).view(b, -1))
+                                       [b * me] * comm.world).to(a2a_part.dtype)
+                out = xp.a2a_to_out(recv).view(b, xp.total_dim)    # zeros in the other kinds' columns
+            else:
+                out = a2a_part.new_zeros((b, xp.total_dim))
             if xp.rs_target.numel():
                 summed = comm.reduce_scatter(rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)).to(out.dtype)
                 out.index_add_(1, xp.rs_target, summed.view(b, -1))
@@ -138,10 +198,10 @@ class EmbeddingExchange(torch.autograd.Function):
         g = grad_out * xp.grad_scale
         grads = [None, None, None, None]
         with xp.stopwatch("comm_bwd"):
-            if xp.a2a_target.numel():
-                send = g.index_select(1, xp.a2a_target).reshape(-1)   # [B, sum_s A_s] -> source-major pieces
+            if xp.out_to_a2a is not None:
+                send = xp.out_to_a2a(g)    # [B, total_dim] -> source-major pieces
                 me = xp.a2a_widths[comm.rank]
-                recv = comm.all_to_all(send.index_select(0, xp.a2a_scatter).to(xp.bwd_dtype), [b * me] * comm.world,
+                recv = comm.all_to_all(send.to(xp.bwd_dtype), [b * me] * comm.world,
                                        [b * w for w in xp.a2a_widths])
                 grads[1] = recv.to(g.dtype).view(comm.world, b, me)
             if xp.rs_target.numel():

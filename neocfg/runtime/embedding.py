@@ -85,9 +85,10 @@ class ShardedEmbeddings(nn.Module):
         self.router = IdRouter(layout, batch_size, device)
         self.id_group = comm.group if id_group is None else id_group
         self.source_cols = [layout.source_columns(k).to(device) for k in EXCHANGED]
-        self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch)
-        for name in ("a2a_target", "rs_target", "hier_target", "a2a_gather", "a2a_scatter"):
-            setattr(self.xp, name, getattr(self.xp, name).to(device))
+        # every column, in order, feeds one kind (e.g. table-wise only): that part is the output itself, no copy
+        width = sum(s.num_cols for s in layout.me.features)
+        self.whole_part = [len(c) == width and bool((c.cpu() == torch.arange(width)).all()) for c in self.source_cols]
+        self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch).to(device)
         self.dp_target = layout.target_columns(OutputKind.replicated).to(device)
         self.replicated = ReplicatedEmbeddings(layout.tables_of(OutputKind.replicated), layout.rows, layout.dims,
                                                train.sparse_optimizer, train.sparse_learning_rate, seed, device,
@@ -113,7 +114,8 @@ class ShardedEmbeddings(nn.Module):
                 pooled = torch.zeros(w * b, 0, device=self.device, requires_grad=torch.is_grad_enabled())
             if pooled.requires_grad:
                 pooled = _GradArrival.apply(sw, pooled)
-            parts = [pooled.index_select(1, cols).view(w, b, -1) for cols in self.source_cols]
+            parts = [pooled.view(w, b, -1) if whole else pooled.index_select(1, cols).view(w, b, -1)
+                     for cols, whole in zip(self.source_cols, self.whole_part)]
         out = EmbeddingExchange.apply(self.xp, *parts)
         if self.dp_target.numel():
             with sw("emb_fwd"):
