@@ -7,9 +7,10 @@ Times neocfg.runtime.routing.IdRouter per step on rank 0 (fastest of --reps call
 and, side by side in the same run, the per-piece loop the router replaced (`legacy_route`, the sender side of
 neocfg before issue 9; --legacy-reps 0 skips it). Plans: every table table-wise (round robin), then the k largest
 tables row-wise over all 128 ranks (k = 10, 50, 100 by default); then the sender side with 100 tables row-wise at
-worlds 16..128, where the table pieces grow with the world and the ids do not. Rank 0 holds the first row block of
-every row-wise table: with Zipf ids (hot rows first) it receives most row-wise ids, so its receive side is the
-slowest rank's.
+worlds 16..128, where the table pieces grow with the world and the ids do not. The receive side is timed on the
+rank that receives the most ids (--receiver worst; or a rank number). Row-sharded ids travel in the encoding the
+router picks for the plan (routing.choose_encoding); --encodings lengths,codes times both side by side instead.
+The process keeps freed memory as a training rank does (launch.keep_freed_memory).
 
     .venv/bin/python bench/bench_routing.py [--world 128] [--batch 256] [--rw 0,10,50,100] [--reps 10] [--out r.json]
 """
@@ -30,9 +31,10 @@ from common import compose_cfg, emit  # noqa: E402
 
 from neocfg.batch import Batch  # noqa: E402
 from neocfg.data.synthetic import SyntheticData  # noqa: E402
+from neocfg.runtime.launch import keep_freed_memory  # noqa: E402
 from neocfg.runtime.layout import Layout, build_layout  # noqa: E402
 from neocfg.runtime.plans import rule_plan  # noqa: E402
-from neocfg.runtime.routing import IdRouter  # noqa: E402
+from neocfg.runtime.routing import IdRouter, RwEncoding  # noqa: E402
 from neocfg.types import ShardingType  # noqa: E402
 
 
@@ -86,9 +88,13 @@ def main() -> None:
     ap.add_argument("--scale-rw", type=int, default=100)
     ap.add_argument("--distinct-batches", type=int, default=8,
                     help="source ranks cycle through this many generated batches (generation is the slow part)")
+    ap.add_argument("--receiver", default="worst", help="rank whose receive side is timed, or 'worst'")
+    ap.add_argument("--encodings", default="auto", help="auto (the router's choice) or a list of lengths,codes")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(1)
+    keep_freed_memory()
+    encodings = [None] if a.encodings == "auto" else [RwEncoding(e) for e in a.encodings.split(",")]
     model = compose_cfg([f"model={a.model}"]).model
     data = SyntheticData.for_model(model, seed=0)
     n = min(a.distinct_batches, a.world)
@@ -102,27 +108,35 @@ def main() -> None:
         sharding = {t.name: ShardingType.row_wise if t.name in rw else ShardingType.table_wise for t in model.tables}
         plan = rule_plan(model, world=a.world, devices_per_node=8, batch_size=a.batch, sharding=sharding)
         layouts = [build_layout(plan, model, r) for r in range(a.world)]
-        routers = [IdRouter(lay, a.batch, torch.device("cpu")) for lay in layouts]
-        me = routers[0]
         pieces = sum(len(t.shards) for t in plan.tables)
-        # what rank 0 receives from every source (their routing is untimed setup)
-        recv_parts, recv_counts = [], []
-        for r, (router, bt) in enumerate(zip(routers, batches)):
-            routed = router.route(bt)
-            recv_parts.append(routed.payload.split(router.send_sizes(routed.counts).tolist())[0].clone())
-            recv_counts.append(routed.counts[0])
+        for enc in encodings:
+            routers = [IdRouter(lay, a.batch, torch.device("cpu"), enc) for lay in layouts]
+            # what every rank receives from every source (their routing is untimed setup)
+            routed = [router.route(bt) for router, bt in zip(routers, batches)]
+            ids_to = torch.stack([r.counts[:, 0] for r in routed]).sum(dim=0)       # ids each rank receives
+            dest = int(ids_to.argmax()) if a.receiver == "worst" else int(a.receiver)
+            recv_parts, recv_counts = [], []
+            for r, router in zip(routed, routers):
+                recv_parts.append(r.payload.split(router.send_sizes(r.counts).tolist())[dest].clone())
+                recv_counts.append(r.counts[dest])
             del routed
-        recv, counts = torch.cat(recv_parts), torch.stack(recv_counts)
-        route_ms, route_med = _ms(lambda: me.route(batches[0]), a.reps)
-        receive_ms, receive_med = _ms(lambda: me.receive(recv, counts, int(counts[:, 1].sum())), a.reps)
-        legacy_ms = _ms(lambda: legacy_route(layouts[0], batches[0]), a.legacy_reps)[0] if a.legacy_reps else None
-        row = {"row_wise_tables": k, "table_pieces_in_world": pieces, "ids_sent": int(batches[0].values.numel()),
-               "ids_received": int(counts.sum()), "route_ms": route_ms, "route_median_ms": route_med,
-               "receive_ms": receive_ms, "receive_median_ms": receive_med, "legacy_route_ms": legacy_ms,
-               "route_speedup_vs_legacy": (legacy_ms / route_ms) if legacy_ms else None}
-        rows.append(row)
-        print(f"rw={k:4d} pieces={pieces:6d} route {route_ms:7.2f} ms  receive {receive_ms:7.2f} ms  legacy route "
-              f"{legacy_ms if legacy_ms is not None else float('nan'):8.1f} ms", file=sys.stderr)
+            recv, counts = torch.cat(recv_parts), torch.stack(recv_counts)
+            me, them = routers[0], routers[dest]
+            route_ms, route_med = _ms(lambda: me.route(batches[0]), a.reps)
+            receive_ms, receive_med = _ms(lambda: them.receive(recv, counts, int(counts[:, 1].sum())), a.reps)
+            legacy_ms = (_ms(lambda: legacy_route(layouts[0], batches[0]), a.legacy_reps)[0]
+                         if a.legacy_reps and enc is encodings[0] else None)
+            row = {"row_wise_tables": k, "table_pieces_in_world": pieces, "encoding": me.encoding.value,
+                   "ids_sent": int(batches[0].values.numel()), "receiver": dest,
+                   "ids_received": int(counts[:, 0].sum()), "ids_received_median_rank": int(ids_to.median()),
+                   "route_ms": route_ms, "route_median_ms": route_med, "receive_ms": receive_ms,
+                   "receive_median_ms": receive_med, "legacy_route_ms": legacy_ms,
+                   "route_speedup_vs_legacy": (legacy_ms / route_ms) if legacy_ms else None}
+            rows.append(row)
+            print(f"rw={k:4d} pieces={pieces:6d} {me.encoding.value:7s} route {route_ms:7.2f} ms  receive (rank "
+                  f"{dest}, {row['ids_received']:,} ids; median rank {row['ids_received_median_rank']:,}) "
+                  f"{receive_ms:7.2f} ms  legacy route "
+                  f"{legacy_ms if legacy_ms is not None else float('nan'):8.1f} ms", file=sys.stderr)
     scaling = []
     rw = {model.tables[i].name for i in largest[:a.scale_rw]}
     sharding = {t.name: ShardingType.row_wise if t.name in rw else ShardingType.table_wise for t in model.tables}
@@ -132,8 +146,9 @@ def main() -> None:
         route_ms, route_med = _ms(lambda: router.route(batches[0]), a.reps)
         pieces = sum(len(t.shards) for t in plan.tables)
         scaling.append({"world": w, "row_wise_tables": a.scale_rw, "table_pieces_in_world": pieces,
-                        "route_ms": route_ms, "route_median_ms": route_med})
-        print(f"world={w:4d} rw={a.scale_rw} pieces={pieces:6d} route {route_ms:7.2f} ms", file=sys.stderr)
+                        "encoding": router.encoding.value, "route_ms": route_ms, "route_median_ms": route_med})
+        print(f"world={w:4d} rw={a.scale_rw} pieces={pieces:6d} {router.encoding.value} route {route_ms:7.2f} ms",
+              file=sys.stderr)
     emit({"model": a.model, "world": a.world, "batch": a.batch, "threads": 1, "rank": 0, "rows": rows,
           "world_scaling": scaling}, a.out)
 

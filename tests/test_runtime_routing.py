@@ -1,6 +1,7 @@
 """Issue 9 item 1: the vectorized id router hands every rank exactly the bags a per-piece reference computes (ids
 rebased to the piece's rows, bags ordered feature, source, sample; ids kept in their order inside a bag), for
-every sharding type and mixes of them, without any process group (routers of every rank in one process)."""
+every sharding type and mixes of them, in both encodings of row-sharded ids and with a batch size that is and one
+that is not a power of two, without any process group (routers of every rank in one process)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,19 @@ from conftest import compose_cfg
 from neocfg.batch import Batch
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.plans import rule_plan
-from neocfg.runtime.routing import IdRouter, deliver
+from neocfg.runtime.routing import IdRouter, RwEncoding, choose_encoding, deliver
 from neocfg.types import ShardingType as S, WeightsDtype
 
 B = 5
 
 
-def _batch(cfg, seed: int) -> Batch:
+def _batch(cfg, seed: int, b: int = B) -> Batch:
     g = torch.Generator().manual_seed(seed)
     t = len(cfg.model.tables)
-    lengths = torch.randint(0, 4, (t, B), generator=g)
+    lengths = torch.randint(0, 4, (t, b), generator=g)
     values = torch.cat([torch.randint(0, tab.num_embeddings, (int(lengths[i].sum()),), generator=g)
                         for i, tab in enumerate(cfg.model.tables)])
-    return Batch(torch.zeros(B, 1), lengths, values, torch.zeros(B), torch.arange(B))
+    return Batch(torch.zeros(b, 1), lengths, values, torch.zeros(b), torch.arange(b))
 
 
 def _reference(layout, batches, rank):
@@ -49,20 +50,21 @@ MIX = [S.table_wise, S.row_wise, S.data_parallel, S.column_wise, S.table_row_wis
        S.row_wise, S.table_wise]
 
 
+@pytest.mark.parametrize("encoding", [*RwEncoding])
 @pytest.mark.parametrize("sharding", [*S, "mix"])
-@pytest.mark.parametrize("world", [2, 4])
-def test_router_delivers_the_reference_bags(sharding, world):
+@pytest.mark.parametrize("world,b", [(2, B), (4, B), (4, 4)])
+def test_router_delivers_the_reference_bags(sharding, world, b, encoding):
     cfg = compose_cfg(["model.tables.7.num_embeddings=3", "model.tables.1.num_embeddings=10",
                        "model.tables.6.num_embeddings=10"])
     sh = {t.name: s for t, s in zip(cfg.model.tables, MIX)} if sharding == "mix" else sharding
-    plan = rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=B, sharding=sh)
+    plan = rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=b, sharding=sh)
     if sharding == "mix":  # two TBE groups per rank: feature order is group by group, then table
         plan = dataclasses.replace(plan, tables=tuple(
             dataclasses.replace(t, weights_dtype=WeightsDtype.fp16) if i % 2 == 0 else t
             for i, t in enumerate(plan.tables)))
     layouts = [build_layout(plan, cfg.model, r) for r in range(world)]
-    routers = [IdRouter(lay, B, torch.device("cpu")) for lay in layouts]
-    batches = [_batch(cfg, 10 * world + r) for r in range(world)]
+    routers = [IdRouter(lay, b, torch.device("cpu"), encoding) for lay in layouts]
+    batches = [_batch(cfg, 10 * world + r, b) for r in range(world)]
     routed = [rt.route(bt) for rt, bt in zip(routers, batches)]
     for r in range(world):
         got = routers[r].receive(*deliver(routed, routers, r)).per_group
@@ -70,3 +72,18 @@ def test_router_delivers_the_reference_bags(sharding, world):
         assert len(got) == len(want)
         for (gi, go), (wi, wo) in zip(got, want):
             assert torch.equal(go, wo) and torch.equal(gi, wi), (r, gi, wi)
+
+
+def test_encoding_follows_length_entries_against_ids():
+    """lengths while a row-sharded piece gets an id per sample or more (few ranks), codes at scale."""
+    cfg = compose_cfg([])
+    tables = cfg.model.tables
+    for world, pooling, want in [(2, 4.0, RwEncoding.lengths), (4, 4.0, RwEncoding.lengths),
+                                 (4, 1.0, RwEncoding.codes), (8, 4.0, RwEncoding.codes)]:
+        model = dataclasses.replace(cfg.model, tables=[dataclasses.replace(t, pooling_factor=pooling)
+                                                       for t in tables])
+        plan = rule_plan(model, world=world, devices_per_node=world, batch_size=B, sharding=S.row_wise)
+        assert choose_encoding(build_layout(plan, model, 0)) is want, (world, pooling)
+    plan = rule_plan(cfg.model, world=4, devices_per_node=2, batch_size=B, sharding=S.table_wise)
+    assert IdRouter(build_layout(plan, cfg.model, 0), B, torch.device("cpu"), RwEncoding.codes).encoding \
+        is RwEncoding.lengths   # nothing row-sharded: no codes to send

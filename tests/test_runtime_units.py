@@ -71,3 +71,38 @@ def test_predicted_embedding_terms_leave_out_the_dense_part():
                DeviceEstimate(rank=1, hbm_bytes=0, host_bytes=0, compute_ms=6.0, comm_ms=2.5, total_ms=8.5))
     est = Estimate(step_ms=8.5, samples_per_s=1.0, dense_ms=3.0, dense_compute_ms=2.0, dense_comm_ms=1.0)
     assert est.embedding_terms_ms(devices) == (4.0, 2.0)
+
+
+
+_HEAP_AFTER_FREE = """
+import ctypes, sys, torch
+from neocfg.runtime.launch import keep_freed_memory
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "keep":
+    assert keep_freed_memory()
+mapped = libc.mallinfo2().hblkhd
+x = torch.ones(3_000_000, dtype=torch.long)          # 24 MB, the size of a routing step's payload
+mapped = libc.mallinfo2().hblkhd - mapped
+del x
+print(mapped >> 20, libc.mallinfo2().fordblks >> 20)   # MB mmap'd for it; MB free in the heap once it is freed
+"""
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_freed_memory_stays_in_the_heap(keep):
+    """keep_freed_memory: a 24 MB tensor comes from the heap and stays there once freed, ready for the next step
+    (glibc's default mmaps it and unmaps it on free, so the next step faults its 6,000 pages in again)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _HEAP_AFTER_FREE, "keep" if keep else "default"], check=True,
+                         capture_output=True, text=True).stdout
+    mapped_mb, free_in_heap_mb = (int(x) for x in out.split()[-2:])
+    if keep:
+        assert mapped_mb == 0 and free_in_heap_mb >= 22, out
+    else:
+        assert mapped_mb >= 22 and free_in_heap_mb < 22, out

@@ -84,6 +84,7 @@ class Layout:
     ranks: list[RankLayout]
     devices_per_node: int = 1
     table_node: dict[int, int] = field(default_factory=dict)   # hierarchical tables: their node
+    pooling: list[float] = field(default_factory=list)          # per model table: its mean ids per sample
 
     @property
     def nodes(self) -> int:
@@ -194,4 +195,5 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
     offsets = [sum(dims[:t]) for t in range(len(dims))]
     return Layout(world=world, rank=rank, dims=dims, rows=[t.num_embeddings for t in model.tables],
                   out_offsets=offsets, kinds=kinds, routings=routings, ranks=ranks,
-                  devices_per_node=plan.devices_per_node, table_node=table_node)
+                  devices_per_node=plan.devices_per_node, table_node=table_node,
+                  pooling=[t.pooling_factor for t in model.tables])

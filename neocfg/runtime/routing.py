@@ -2,28 +2,42 @@
 of vectorized ops per step whatever the number of tables, pieces and ranks.
 
 IdRouter is built once per plan from the layout (every rank computes every rank's layout, so the permutations are
-known on both sides without metadata exchange). Per step:
+known on both sides without metadata exchange). Every destination receives from every source one block, laid out
+in the destination's TBE feature order, so that the receiver's work is TorchRec's "recat": one permute from
+(source, feature) to (feature, source) order.
 
-  sender    whole-table pieces (TW, CW slices, DP replicas; Routing.whole_table): one fbgemm permute_2D_sparse_data
-            puts every destination's features in order (a CW table appears once per slice); their [features, B]
-            lengths travel as they are (they do not grow with the world: each piece is one destination's).
-            Row-sharded tables (Routing.by_row): one permute selects them, each id's range is id // block (the
-            ceil block of neocfg.sharding.row_ranges), the destination and that destination's feature index come
-            from two precomputed tables, and the ids are grouped by destination with one sort. Instead of
-            per-(destination, feature, sample) lengths (which grow with world x tables x B), each id travels with
-            its segment (destination feature x B + sample): the volume is proportional to the ids.
+Row-sharded tables (Routing.by_row) travel in one of two encodings, chosen per plan (RwEncoding; both sides know
+it):
+  lengths  TorchRec's: fbgemm's block_bucketize_sparse_features splits every row-sharded feature at once into
+           row ranges (a counting sort in C++: ids grouped by (range, feature, sample), in order, rebased), and
+           each destination gets the [B] lengths of each of its pieces beside their ids. Costs one length per
+           (piece, sample) on both sides: cheap when a piece gets several ids per sample (few ranks).
+  codes    each id travels with its bag code (the destination's feature, this source, the sample: one int), the
+           ids grouped by destination piece with one radix sort of int16 keys; the destination counts its bags
+           from the codes (one bincount). Costs are proportional to the ids: the choice at scale (128 ranks, most
+           pieces get no id of a given sample).
+Whole-table pieces (TW, CW slices, DP replicas' absence aside; Routing.whole_table) send their [B] lengths and
+their ids as they are in both encodings (a CW table appears once per slice).
+
+Per step:
+  sender    (codes: one sort of the row-sharded ids), then one fbgemm permute_1D_sparse_data of segments
+            [batch lengths | row-sharded lengths or piece counts | batch ids | row-sharded ids | codes] into the
+            payload, destination by destination: [lengths | ids in its TBE order | codes].
   exchange  one all-to-all of the per-destination counts (the one host sync: the split sizes), then one of the
-            payload [whole lengths | whole ids | (id, segment) pairs] per destination.
-  receiver  whole pieces: one permute from (source, feature) to (feature, source) order; by-row pieces: the bag of
-            each id (feature, source, sample) from its segment, one stable sort and one bincount; then one permute
-            into the TBEs' feature order and one cumsum per TBE group.
+            payloads.
+  receiver  one gather of every source's lengths, one permute of the id segments from (source, feature) to
+            (feature, source) order, which is the TBE's input order; codes: one bincount for the row-sharded
+            bags; one cumsum for the offsets.
 
-Ids keep their order inside every bag (stable permutes and sorts), so pooled sums add in the unsharded order.
+Ids keep their order inside every bag (stable permutes, sorts and bucketizing), so pooled sums add in the
+unsharded order.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -34,6 +48,17 @@ from neocfg.runtime.layout import Layout
 from neocfg.sharding import Routing, row_block
 
 _permute_1d = torch.ops.fbgemm.permute_1D_sparse_data
+_bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
+
+# The lengths encoding sends (row ranges x row-sharded features x B) lengths per step, the codes encoding does a few
+# passes per row-sharded id; this many length entries cost about as much as one id's codes passes
+# (bench/bench_routing.py --encodings lengths,codes: at 2 ranks and 128 ranks on prod_856).
+LENGTH_ENTRIES_PER_ID = 1.0
+
+
+class RwEncoding(enum.Enum):
+    lengths = "lengths"
+    codes = "codes"
 
 
 @dataclass
@@ -49,7 +74,7 @@ class PendingIds:
 
     recv: torch.Tensor
     recv_counts: torch.Tensor
-    n_pairs: int
+    n_codes: int
     work: object                 # the async all-to-all's handle
     payload: torch.Tensor        # kept alive until the all-to-all is done
 
@@ -57,7 +82,7 @@ class PendingIds:
 @dataclass
 class Routed:
     """A step's ids on their way: the payload for every destination (destination-major) and its per-destination
-    counts [world, 2] = (whole-table ids, row-sharded ids)."""
+    counts [world, 2] = (ids, codes)."""
 
     payload: torch.Tensor
     counts: torch.Tensor
@@ -73,164 +98,197 @@ def _offsets(lengths: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat.new_zeros(1), torch.cumsum(flat, 0)])
 
 
+def choose_encoding(layout: Layout) -> RwEncoding:
+    """lengths when the length entries it sends per sample (row ranges x row-sharded tables) are at most
+    LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample (the tables' pooling factors), else codes."""
+    rw = [t for t, k in enumerate(layout.routings) if k is Routing.by_row]
+    if not rw:
+        return RwEncoding.lengths
+    if not layout.pooling:
+        return RwEncoding.codes
+    parts = max(len(layout.table_holders(t)) for t in rw)
+    ids = sum(layout.pooling[t] for t in rw)
+    return RwEncoding.lengths if parts * len(rw) <= LENGTH_ENTRIES_PER_ID * ids else RwEncoding.codes
+
+
 class IdRouter:
     """Built once per (layout, batch size); route() and receive() run a constant number of ops per step."""
 
-    def __init__(self, layout: Layout, batch_size: int, device: torch.device) -> None:
+    def __init__(self, layout: Layout, batch_size: int, device: torch.device,
+                 encoding: Optional[RwEncoding] = None) -> None:
         self.world, self.rank, self.b = layout.world, layout.rank, batch_size
-        b, world = batch_size, layout.world
-        whole = Routing.whole_table
-        kinds = layout.routings
-        # ---- sender: whole-table pieces, destination-major, in each destination's TBE order
-        perm, piece_dest, self.whole_per_dest = [], [], []
-        rw_idx: dict[tuple[int, int], int] = {}    # (destination, table) -> feature index among its by-row ones
-        for d, r in enumerate(layout.ranks):
-            n_whole, n_rw = 0, 0
-            for s in r.features:
-                if kinds[s.table] is whole:
-                    perm.append(s.table)
-                    piece_dest.append(d)
-                    n_whole += 1
-                else:
-                    rw_idx[(d, s.table)] = n_rw
-                    n_rw += 1
-            self.whole_per_dest.append(n_whole)
+        self.encoding = choose_encoding(layout) if encoding is None else encoding
+        self.device = device
+        b, world, n_tables = batch_size, layout.world, len(layout.rows)
         lt = dict(dtype=torch.long, device=device)
-        self.whole_perm = torch.tensor(perm, **lt)
-        per_dest = torch.tensor(self.whole_per_dest, **lt)
-        self.whole_piece_dest = torch.tensor(piece_dest, **lt)
-        self.len_per_dest = per_dest * b                                   # static: lengths sent to each rank
-        # ---- sender: row-sharded tables; range i of table t is held by dest_of[t, i] as its feature feat_of[t, i]
-        # row-sharded tables in the order every holder lists them (TBE group, then table), so that each
-        # destination receives its ids in (its feature, sample) order
-        group_of = {s.table: key for r in layout.ranks for key, shards in r.groups for s in shards}
-        self.rw_tables = sorted((t for t in range(len(layout.rows)) if kinds[t] is Routing.by_row),
-                                key=lambda t: (group_of[t], t))
+        whole = Routing.whole_table
+        # ---- row-sharded tables (in table order) and their pieces: piece (range j, table i) = j * n_rw + i, the
+        # order block_bucketize_sparse_features groups ids in
+        self.rw_tables = [t for t in range(n_tables) if layout.routings[t] is Routing.by_row]
+        n_rw = len(self.rw_tables)
+        rw_index = {t: i for i, t in enumerate(self.rw_tables)}
+        holders = [layout.table_holders(t) for t in self.rw_tables]
+        self.parts = max((len(h) for h in holders), default=1)
+        n_pieces = self.parts * n_rw
+        piece_of: dict[tuple[int, int, int], int] = {}                 # (rank, table, row offset) -> piece
+        for i, hs in enumerate(holders):
+            for j, (d, s) in enumerate(hs):
+                piece_of[(d, self.rw_tables[i], s.row_offset)] = j * n_rw + i
+        self.rw_block = torch.tensor([row_block(layout.rows[t], len(h)) for t, h in zip(self.rw_tables, holders)],
+                                     **lt)
         self.rw_perm = torch.tensor(self.rw_tables, **lt)
         self.rw_perm32 = self.rw_perm.to(torch.int32)
-        parts = max((len(layout.table_holders(t)) for t in self.rw_tables), default=1)
-        self.rw_parts = parts
-        dest_of = torch.zeros(len(self.rw_tables), parts, **lt)
-        feat_of = torch.zeros(len(self.rw_tables), parts, **lt)
-        block = []
-        for i, t in enumerate(self.rw_tables):
-            holders = layout.table_holders(t)   # (rank, shard) in row order
-            block.append(row_block(layout.rows[t], len(holders)))
-            for j, (d, _) in enumerate(holders):
-                dest_of[i, j], feat_of[i, j] = d, rw_idx[(d, t)]
-        self.dest_of, self.feat_of = dest_of.view(-1), feat_of.view(-1)
-        self.rw_block = torch.tensor(block, **lt)
-        # sort keys as narrow as they can be (radix sorts run per byte)
-        self.dest_dtype = torch.int16 if world < 2**15 else torch.int32
-        # ---- receiver
-        me = layout.me.features
-        self.nf_whole = self.whole_per_dest[self.rank]
-        self.nf_rw = len(me) - self.nf_whole
-        f = self.nf_whole
-        # payload segments of destination d: its lengths block (d), its whole pieces' tables (world + t), its pairs
-        # (world + T + d)
-        t_all = len(layout.rows)
-        payload_perm = []
-        for d in range(world):
-            payload_perm += [d] + [world + t for t, pd in zip(perm, piece_dest) if pd == d] + [world + t_all + d]
-        self.payload_perm = torch.tensor(payload_perm, dtype=torch.int32, device=device)
-        # received segments, per source s: lengths (s * (f + 2)), ids of its feature i (s * (f + 2) + 1 + i),
-        # pairs (s * (f + 2) + f + 1); wanted: ids feature-major (feature, source), then the pairs source by source
-        k = f + 2
-        self.recv_perm = torch.tensor([s * k + 1 + i for i in range(f) for s in range(world)]
-                                      + [s * k + f + 1 for s in range(world)], dtype=torch.int32, device=device)
-        self.recv_len_pos = torch.arange(f * b, **lt).repeat(world)
-        # stacked = [whole features, by-row features] -> TBE order
-        stacked, nw, nr = [], 0, 0
-        for s in me:
-            if kinds[s.table] is whole:
-                stacked.append(nw)
-                nw += 1
+        self.rw_all = self.rw_tables == list(range(n_tables))
+        self.n_rw = n_rw
+        if not n_rw:
+            self.encoding = RwEncoding.lengths    # nothing row-sharded: whole-table lengths and ids only
+        codes = self.encoding is RwEncoding.codes
+        self.shift = b.bit_length() - 1 if b & (b - 1) == 0 else None   # B a power of two: shifts, not divisions
+        # ---- the payload: segments of src = [lengths of every table (T x B) | row-sharded lengths (lengths:
+        # n_pieces x B) or piece counts (codes: one per held piece, destination-major) | batch ids (T) |
+        # row-sharded ids (per piece; codes: per held piece, destination-major) | codes (one per destination)]
+        n_rwl = len(piece_of) if codes else n_pieces      # segments of row-sharded lengths or counts, and ids
+        seg_rwl, seg_ids = n_tables, n_tables + n_rwl
+        seg_rwv = seg_ids + n_tables
+        seg_codes = seg_rwv + n_rwl
+        perm, perm_dest, head = [], [], []
+        code_key = [0] * n_pieces          # piece -> its place among held pieces, destination-major
+        code_base = [0] * n_pieces         # piece -> bag code base (its feature at the destination, this source)
+        key_piece, key_dest = [], []
+        for d, fs in enumerate(layout.ranks[d].features for d in range(world)):
+            lens, ids, keys = [], [], []
+            for f, s in enumerate(fs):
+                if layout.routings[s.table] is whole:
+                    lens.append(s.table)
+                    ids.append(seg_ids + s.table)
+                    continue
+                p = piece_of[(d, s.table, s.row_offset)]
+                ids.append(seg_rwv + (len(key_piece) if codes else p))
+                code_key[p], code_base[p] = len(key_piece), (f * world + self.rank) * b
+                keys.append(seg_rwl + len(key_piece))
+                key_piece.append(p)
+                key_dest.append(d)
+                if not codes:
+                    lens.append(seg_rwl + p)
+            if codes:   # whole lengths, the destination's piece counts (segments of one), ids, codes
+                d_segs = lens + keys + ids + [seg_codes + d]
+                head.append(len(lens) * b + len(keys))
             else:
-                stacked.append(self.nf_whole + nr)
-                nr += 1
-        self.tbe_perm = torch.tensor(stacked, **lt)
-        self.tbe_perm32 = self.tbe_perm.to(torch.int32)
-        self.recv_rw_perm = torch.tensor([s * self.nf_rw + i for i in range(self.nf_rw) for s in range(world)],
-                                         dtype=torch.int32, device=device)
-        self.tbe_identity = stacked == list(range(len(stacked)))
+                d_segs = lens + ids
+                head.append(len(lens) * b)
+            perm += d_segs
+            perm_dest += [d] * len(d_segs)
+        self.payload_perm = torch.tensor(perm, dtype=torch.int32, device=device)
+        self.perm_dest = torch.tensor(perm_dest, **lt)
+        self.head = torch.tensor(head, **lt)                            # static payload head per destination
+        self.code_key = torch.tensor(code_key, dtype=torch.int16 if len(key_piece) < 2**15 else torch.int32,
+                                     device=device)
+        self.code_base = torch.tensor(code_base, **lt)
+        self.key_piece = torch.tensor(key_piece, **lt)
+        self.key_dest = torch.tensor(key_dest, **lt)
+        self.n_pieces = n_pieces
+        self.lengths_segs = torch.full((n_tables,), b, **lt)
+        self.rwl_segs = torch.full((n_rwl,), 1 if codes else b, **lt)
+        # ---- receiver: per source [head | ids of feature 0 | ... | ids of feature F-1 | codes]
+        me = layout.me.features
+        n_f = len(me)
+        self.n_f = n_f
+        whole_rows = [f for f, s in enumerate(me) if layout.routings[s.table] is whole]
+        rw_rows = [f for f, s in enumerate(me) if layout.routings[s.table] is not whole]
+        self.whole_rows = torch.tensor(whole_rows, **lt)
+        self.rw_rows = torch.tensor(rw_rows, **lt)
+        self.nf_whole, self.nf_rw = len(whole_rows), len(rw_rows)
+        self.my_head = head[self.rank]
+        self.head_pos = torch.arange(self.my_head, **lt).repeat(world)
+        k = n_f + 2
+        self.recv_perm = torch.tensor([s * k + 1 + f for f in range(n_f) for s in range(world)]
+                                      + [s * k + n_f + 1 for s in range(world)], dtype=torch.int32, device=device)
         self.group_sizes = [len(shards) for _, shards in layout.me.groups]
-        self.device = device
 
     # ------------------------------------------------------------ sender
 
+    def _bag_of_ids(self, lengths: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(feature, sample) of every id of a [F, B] lengths block (ids feature-major, sample order)."""
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=lengths.device), lengths.reshape(-1),
+                                      output_size=n)
+        if self.shift is not None:
+            return bag >> self.shift, bag & (self.b - 1)
+        f = torch.div(bag, self.b, rounding_mode="floor")
+        return f, bag - f * self.b
+
     def route(self, batch: Batch) -> Routed:
-        b, world = self.b, self.world
         lengths, values = batch.lengths.long(), batch.values.long()
         totals = lengths.sum(dim=1)                                            # ids per table
-        lw = lengths.index_select(0, self.whole_perm)                          # [whole pieces, B], by destination
-        n1 = values.new_zeros(world).index_add_(0, self.whole_piece_dest, totals.index_select(0, self.whole_perm))
-        # row-sharded tables: range, destination, feature and segment of every id, grouped by destination
-        if self.rw_tables:
-            lr = lengths.index_select(0, self.rw_perm)
-            vr = _permute_1d(self.rw_perm32, totals, values, None, None)[1]
-            n = vr.numel()
-            ar = torch.arange(lr.shape[0], device=vr.device)
-            t = torch.repeat_interleave(ar, lr.sum(dim=1), output_size=n)      # row-sharded table of each id
-            sample = torch.repeat_interleave(torch.arange(lr.numel(), device=vr.device), lr.reshape(-1),
-                                             output_size=n) - t * b
-            blk = self.rw_block.index_select(0, t)
-            bucket = torch.div(vr, blk, rounding_mode="floor")                 # its row range
-            flat = t * self.rw_parts + bucket
-            dest = self.dest_of.index_select(0, flat)
-            pairs = torch.stack([vr - bucket * blk, self.feat_of.index_select(0, flat) * b + sample], dim=1)
-            pairs = pairs.index_select(0, torch.sort(dest.to(self.dest_dtype), stable=True)[1])  # by destination
-            n2 = torch.bincount(dest, minlength=world)
+        if self.n_rw:
+            if self.rw_all:
+                lr, vr = lengths, values
+            else:
+                lr = lengths.index_select(0, self.rw_perm)
+                vr = _permute_1d(self.rw_perm32, totals, values, None, None)[1]
+            if self.encoding is RwEncoding.lengths:
+                # ids grouped by (row range, table, sample), in order, rebased: pieces j * n_rw + i, [B] lengths each
+                rw_lens, rw_ids = _bucketize(lr.reshape(-1), vr, False, False, self.rw_block, self.parts)[:2]
+                piece_n = rw_lens.view(self.n_pieces, self.b).sum(dim=1)
+                n_codes = values.new_zeros(self.world)
+                src = [lengths.reshape(-1), rw_lens, values, rw_ids]
+                sizes = [self.lengths_segs, self.rwl_segs, totals, piece_n]
+            else:
+                n = vr.numel()
+                t, sample = self._bag_of_ids(lr, n)
+                blk = self.rw_block.index_select(0, t)
+                bucket = torch.div(vr, blk, rounding_mode="floor")             # its row range
+                piece = bucket * self.n_rw + t
+                key = self.code_key.index_select(0, piece)                     # destination-major piece order
+                order = torch.sort(key, stable=True)[1]
+                rw_ids = (vr - bucket * blk).index_select(0, order)
+                codes = (self.code_base.index_select(0, piece) + sample).index_select(0, order)
+                piece_n = torch.bincount(piece, minlength=self.n_pieces)       # ids per piece
+                counts = piece_n.index_select(0, self.key_piece)               # ... per held piece, by destination
+                n_codes = values.new_zeros(self.world).index_add_(0, self.key_dest, counts)
+                src = [lengths.reshape(-1), counts, values, rw_ids, codes]
+                sizes = [self.lengths_segs, self.rwl_segs, totals, counts, n_codes]
         else:
-            pairs, n2 = values.new_zeros((0, 2)), values.new_zeros(world)
-        # the payload, destination by destination: [its whole pieces' lengths | their ids | its pairs], by one
-        # permute of segments of [lengths of every whole piece | the batch's ids | the pairs]
-        sizes = torch.cat([self.len_per_dest, totals, 2 * n2])
-        src = torch.cat([lw.reshape(-1), values, pairs.reshape(-1)])
-        payload = _permute_1d(self.payload_perm, sizes, src, None, None)[1]
-        return Routed(payload, torch.stack([n1, n2], dim=1))
+            n_codes = values.new_zeros(self.world)
+            src = [lengths.reshape(-1), values]
+            sizes = [self.lengths_segs, totals]
+        plen, payload = _permute_1d(self.payload_perm, torch.cat(sizes), torch.cat(src), None, None)[:2]
+        total = values.new_zeros(self.world).index_add_(0, self.perm_dest, plen)
+        return Routed(payload, torch.stack([total - self.head - n_codes, n_codes], dim=1))
 
     # ------------------------------------------------------------ receiver
 
-    def receive(self, recv: torch.Tensor, recv_counts: torch.Tensor, n_pairs: int) -> LocalLookups:
-        """recv: every source's payload (source-major); recv_counts [world, 2] as sent; n_pairs: their sum of
-        row-sharded ids (known on the host from the split sizes)."""
-        b, world = self.b, self.world
-        fw, fr = self.nf_whole, self.nf_rw
-        n1, n2 = recv_counts[:, 0], recv_counts[:, 1]
-        a = fw * b
-        start = _excl_cumsum(a + n1 + 2 * n2)
-        lens = recv.index_select(0, torch.repeat_interleave(start, a, output_size=a * world) + self.recv_len_pos)
-        lens = lens.view(world, fw, b)
-        # one permute of segments: per source [lengths | ids of feature 0 | ... | pairs] -> ids feature-major
-        # (feature, source), then every source's pairs
-        sizes = torch.cat([torch.full((world, 1), a, dtype=torch.long, device=recv.device), lens.sum(dim=2),
-                           (2 * n2).view(world, 1)], dim=1).view(-1)
-        out = _permute_1d(self.recv_perm, sizes, recv, None, None)[1]
-        n_whole = out.numel() - 2 * n_pairs
-        parts_l, parts_v = [], []
-        if fw:
-            parts_l.append(lens.transpose(0, 1).reshape(fw, world * b))
-            parts_v.append(out[:n_whole])
-        if fr:
-            m = n_pairs
-            pairs = out[n_whole:].view(m, 2)
-            src = torch.repeat_interleave(torch.arange(world, device=recv.device), n2, output_size=m)
-            seg = pairs[:, 1]
-            feat = torch.div(seg, b, rounding_mode="floor")
-            # each source sent its ids in (feature, sample) order: one permute of the (source, feature) segments
-            # gives (feature, source, sample), ids kept in order inside every bag
-            src_feat = torch.bincount(src * fr + feat, minlength=world * fr)
-            parts_v.append(_permute_1d(self.recv_rw_perm, src_feat, pairs[:, 0].contiguous(), None, m)[1])
-            bag = (feat * world + src) * b + (seg - feat * b)
-            parts_l.append(torch.bincount(bag, minlength=fr * world * b).view(fr, world * b))
-        if not parts_l:
+    def receive(self, recv: torch.Tensor, recv_counts: torch.Tensor, n_codes: int) -> LocalLookups:
+        """recv: every source's payload (source-major); recv_counts [world, 2] as sent; n_codes: their sum of
+        codes (known on the host from the split sizes)."""
+        b, world, n_f = self.b, self.world, self.n_f
+        if not n_f:
             return LocalLookups([])
-        lengths = torch.cat(parts_l) if len(parts_l) > 1 else parts_l[0]
-        values = torch.cat(parts_v) if len(parts_v) > 1 else parts_v[0]
-        if not self.tbe_identity:
-            values = _permute_1d(self.tbe_perm32, lengths.sum(dim=1), values, None, None)[1]
-            lengths = lengths.index_select(0, self.tbe_perm)
+        a = self.my_head
+        start = _excl_cumsum(a + recv_counts.sum(dim=1))
+        head = recv.index_select(0, torch.repeat_interleave(start, a, output_size=a * world) + self.head_pos)
+        head = head.view(world, a)
+        if self.encoding is RwEncoding.lengths:
+            lens = head.view(world, n_f, b)
+            seg = lens.sum(dim=2)
+        else:
+            fw = self.nf_whole
+            lens = head[:, :fw * b].reshape(world, fw, b)
+            seg = head.new_empty(world, n_f)
+            seg.index_copy_(1, self.whole_rows, lens.sum(dim=2))
+            seg.index_copy_(1, self.rw_rows, head[:, fw * b:])
+        sizes = torch.cat([torch.full((world, 1), a, dtype=torch.long, device=recv.device), seg,
+                           recv_counts[:, 1:]], dim=1).view(-1)
+        out = _permute_1d(self.recv_perm, sizes, recv, None, None)[1]
+        values = out[:out.numel() - n_codes]
+        whole_lengths = lens.transpose(0, 1).reshape(-1, world * b)
+        if self.encoding is RwEncoding.lengths:
+            lengths = whole_lengths
+        elif self.nf_rw:
+            lengths = torch.bincount(out[values.numel():], minlength=n_f * world * b).view(n_f, world * b)
+            if self.nf_whole:
+                lengths.index_copy_(0, self.whole_rows, whole_lengths)
+        else:
+            lengths = whole_lengths
         if len(self.group_sizes) == 1:
             return LocalLookups([(values, _offsets(lengths))])
         out_groups, f0, v0 = [], 0, 0
@@ -252,7 +310,7 @@ class IdRouter:
         recv_counts = torch.empty_like(routed.counts)
         dist.all_to_all_single(recv_counts, routed.counts, group=group)
         send_sizes = self.send_sizes(routed.counts)
-        recv_sizes = self.nf_whole * self.b + recv_counts[:, 0] + 2 * recv_counts[:, 1]
+        recv_sizes = self.my_head + recv_counts.sum(dim=1)
         host = torch.cat([send_sizes, recv_sizes, recv_counts[:, 1].sum().view(1)]).tolist()   # the host sync
         w = self.world
         recv = routed.payload.new_empty(sum(host[w:2 * w]))
@@ -262,11 +320,11 @@ class IdRouter:
     def finish(self, pending: PendingIds) -> LocalLookups:
         """Wait for the payload, then build the TBE groups' inputs."""
         pending.work.wait()
-        return self.receive(pending.recv, pending.recv_counts, pending.n_pairs)
+        return self.receive(pending.recv, pending.recv_counts, pending.n_codes)
 
     def send_sizes(self, counts: torch.Tensor) -> torch.Tensor:
         """Payload elements for each destination."""
-        return self.len_per_dest + counts[:, 0] + 2 * counts[:, 1]
+        return self.head + counts.sum(dim=1)
 
 
 def deliver(routed: list[Routed], routers: list[IdRouter], dest: int) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -13,7 +13,7 @@ from neocfg.errors import CheckpointError, ConfigError, NeocfgError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, locked
 from neocfg.runtime.layout import build_layout
-from neocfg.runtime.launch import RankEnv, check_single_host, launch, under_torchrun
+from neocfg.runtime.launch import RankEnv, check_single_host, keep_freed_memory, launch, under_torchrun
 from neocfg.types import Backend
 
 
@@ -38,6 +38,7 @@ def checkpoint_root(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[Path
 def _rank_main(env: RankEnv, cfg: NeocfgConfig, plan: Optional[Plan], run_dir: Optional[Path]) -> Any:
     from neocfg.runtime.train import train_rank
 
+    keep_freed_memory()
     if plan is None:  # under torchrun every process runs the CLI: rank 0 plans, the others take its plan
         import torch.distributed as dist
 
