@@ -30,6 +30,10 @@ class InfeasibleError(NeocfgError):
     exit_code = 3
 
 
+class IngestLimitError(InfeasibleError):
+    """The plan fits, but the trainer nodes cannot receive its samples fast enough (dsi.trainer_ingest_gbs)."""
+
+
 class DataError(NeocfgError):
     """A data file, split or schema is bad: names the file (and split) and what is wrong."""
 

@@ -66,6 +66,8 @@ class Estimate:
     dense_ms: float = 0.0
     dense_compute_ms: float = 0.0
     dense_comm_ms: float = 0.0
+    # Generating the batch where it shares the device's core (CPU ranks; planner.costs.data_ms), in every total_ms.
+    data_ms: float = 0.0
 
     def embedding_terms_ms(self, devices: "tuple[DeviceEstimate, ...]") -> tuple[float, float]:
         """(compute, comm) of the embedding part on the busiest device: the device terms less the dense part."""

@@ -28,7 +28,7 @@ from conftest import compose_cfg
 from planner_helpers import all_plans, brute_force_step, count_plans, round_cfg, step_by_cost_model
 
 # Fixed costs of the size that decide plans (collective latency comparable to a table's exchange).
-FIXED = ["hardware.collective_latency_us=100", "hardware.device.routing_us_per_piece=10"]
+FIXED = ["hardware.collective_latency_us=100", "hardware.device.routing_us_per_step=10"]
 KERNEL_5 = "hardware.device.kernel_overhead_us=5"
 # 2 nodes x 2 devices, a batch large enough that pieces cost about as much as the fixed terms.
 SMALL = ["hardware.devices_per_node=2", "train.batch_size=20000", "planner.mip_gap=0",
@@ -145,7 +145,7 @@ def test_random_instances_flat_and_decomposed_against_brute_force(tables, nodes,
     rows = [(f"t{i}", n, d, pf) for i, (n, d, pf) in enumerate(tables)]
     common = [f"hardware.nodes={nodes}", f"hardware.devices_per_node={per_node}", f"train.batch_size={batch}",
               f"hardware.collective_latency_us={latency}", f"hardware.device.kernel_overhead_us={kernel}",
-              f"hardware.device.routing_us_per_piece={routing}", "planner.mip_gap=0",
+              f"hardware.device.routing_us_per_step={routing}", "planner.mip_gap=0",
               "planner.costs.comm_tiebreak=0", "planner.memory_tiers=[hbm]",
               f"planner.sharding_types=[{','.join(sorted(kinds))}]"]
     cfg = round_cfg(rows, *common, FLAT)

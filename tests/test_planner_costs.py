@@ -87,6 +87,13 @@ def test_data_parallel(cost, table):
     assert perf.fwd_compute == approx(100 * 2 * 16 * 4 / 1000e9 * 1e3)   # B*L rows
     assert perf.fwd_comm == 0
     assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)
+    # backward: the lookups' 2x plus 12 passes (planner.costs.replica_update_passes) over the fp32 replica at the
+    # streaming bandwidth (unset: HBM's, 1000 GB/s)
+    update = 12 * 1000 * 16 * 4 / 1000e9 * 1e3
+    assert perf.bwd_compute == approx(2 * perf.fwd_compute + update)
+    slow, _ = CostModel.from_config(round_cfg(TABLE, "hardware.device.stream_bandwidth_gbs=100")).piece(
+        table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert slow.bwd_compute == approx(2 * perf.fwd_compute + 10 * update)
     # weights + row-wise Adagrad state + local ids + local outputs and their gradients + the dense gradient
     assert st.hbm == 1000 * 16 * 4 + 1000 * 4 + 100 * 2 * 8 + 2 * 100 * 16 * 4 + 1000 * 16 * 4
 
@@ -156,17 +163,68 @@ def test_embedding_collectives_match_the_runtime():
 
 
 def test_embedding_overhead_hand_computed():
-    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_piece=30"))
+    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_step=30"))
     S = ShardingType
-    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus 100 exchange kernels x 0.01 ms + 9 pieces x 0.03 ms
+    # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus 12 output-exchange kernels x 0.01 ms + the routing's 0.03 ms
     perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=9, groups=2)
-    assert perf.comm == approx(6 * 0.1 + 100 * 0.01 + 9 * 0.03)
+    assert perf.comm == approx(6 * 0.1 + 12 * 0.01 + 0.03)
     assert perf.fwd_comm == approx(2 * perf.bwd_comm)
+    # the IdRouter's cost does not grow with the table pieces
+    assert cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=900, groups=2) == perf
     # 2 TBE groups x 4 kernels x 0.01 ms, half forward
     assert perf.compute == approx(2 * 4 * 0.01)
     assert perf.fwd_compute == approx(perf.bwd_compute)
+    # unmeasured routing (the GPU presets): the router's 40 kernels per step at the kernel overhead
+    unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD)).embedding_overhead_ms([S.table_wise], 1, 0)
+    assert unset.comm == approx(4 * 0.1 + 12 * 0.01 + 40 * 0.01)
     # zero latency and kernel cost: nothing
     assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 5, 1).total == 0.0
+
+
+def test_routing_per_id(table):
+    """The router's per-id passes ride on the ids a piece receives; replicas route nothing."""
+    base = CostModel.from_config(round_cfg(TABLE))
+    cost = CostModel.from_config(round_cfg(TABLE, "hardware.device.routing_ns_per_id=50"))
+    for sharding, ids in ((ShardingType.table_wise, 800 * 2), (ShardingType.row_wise, 100 * 2),
+                          (ShardingType.data_parallel, 0)):
+        with_ids, _ = cost.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        without, _ = base.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        assert with_ids.fwd_comm == approx(without.fwd_comm + ids * 50e-6), sharding
+        assert with_ids.bwd_comm == approx(without.bwd_comm)
+
+
+def test_data_generation_on_cpu_devices():
+    """Synthetic batches cost the step only where the ranks are the host's cores (CPU devices)."""
+    from neocfg.planner.costs import data_ms
+    measured = ("hardware.host.synthetic_us_per_sample=2", "hardware.host.synthetic_ns_per_id=100",
+                "hardware.host.synthetic_us_per_batch=300")
+    assert data_ms(round_cfg(TABLE, *measured)) == 0.0                                  # a GPU preset
+    cpu = round_cfg(TABLE, *measured, "hardware.device.kind=cpu", "hardware.backend=gloo")
+    # 300 us per batch + B=100 samples x (2 us + 2 ids x 0.1 us)
+    assert data_ms(cpu) == approx((300 + 100 * (2 + 2 * 100 / 1e3)) / 1e3)
+    assert data_ms(round_cfg(TABLE, "hardware.device.kind=cpu", "hardware.backend=gloo")) == 0.0  # unmeasured
+
+
+def test_tiny_plan_step_hand_computed():
+    """A whole plan's step time term by term: one table-wise table on a CPU cluster of the round numbers, every
+    fixed cost on. The busiest device holds the table; its step = lookups + exchange bytes + collectives + the
+    output exchange's and the TBE's kernels + routing + dense + data."""
+    from neocfg.planner.costs import data_ms
+    from neocfg.planner.pipeline import plan_placement
+    cfg = round_cfg(TABLE, *OVERHEAD, "planner.sharding_types=[table_wise]", "hardware.device.kind=cpu",
+                    "hardware.backend=gloo", "hardware.device.routing_us_per_step=30",
+                    "hardware.device.routing_ns_per_id=50", "hardware.host.synthetic_us_per_sample=2")
+    plan = plan_placement(cfg)
+    lookups = 800 * 2 * 16 * 4 / 1000e9 * 1e3 * 3                       # fwd + 2x bwd, HBM 1000 GB/s
+    exchange = (800 * 2 * 8 + 2 * 800 * 16 * 4) * A2A                    # ids in; outputs out, gradients back
+    routing = 800 * 2 * 50e-6 + 0.03                                     # per id received + per step
+    fixed = 4 * 0.1 + 12 * 0.01 + 4 * 0.01                               # TW: 4 collectives; kernels
+    data = 100 * 2 / 1e3                                                 # B=100 samples x 2 us
+    assert data_ms(cfg) == approx(data)
+    dense = dense_cost(cfg).perf.total                                   # its own hand-computed tests above
+    assert plan.estimate.step_ms == approx(lookups + exchange + routing + fixed + dense + data)
+    assert plan.estimate.data_ms == approx(data)
+    assert plan.solver.lower_bound_ms <= plan.estimate.step_ms * (1 + 1e-12)
 
 
 def test_dense_mfu_per_device():

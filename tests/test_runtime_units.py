@@ -64,6 +64,15 @@ def test_data_stats_aggregate_fractions_by_mean_and_counters_by_sum():
     assert agg == {"data_stall_fraction": pytest.approx(0.2), "samples_delivered": 150, "dpp.workers": 3}
 
 
+def test_measured_data_term_is_the_production_per_step_and_rank():
+    """metrics.json's "data" pair: what producing the batches took per step and rank (the prefetching source's
+    own clock, summed over ranks), else the time the step waited for them."""
+    from neocfg.runtime.train import produce_ms
+
+    assert produce_ms({"data_produce_seconds": 0.6}, {"data_wait": 0.1}, world=2, steps=100) == pytest.approx(3.0)
+    assert produce_ms({}, {"data_wait": 0.25}, world=2, steps=100) == 0.25
+
+
 def test_predicted_embedding_terms_leave_out_the_dense_part():
     from neocfg.plan import DeviceEstimate, Estimate
 

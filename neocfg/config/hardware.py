@@ -30,11 +30,17 @@ class DeviceConfig:
     # Fixed host-side cost of one kernel (op) in the training step, microseconds: launch on a GPU (~5 us, CUDA
     # kernel launch latency; mostly overlapped, kept as the exposed part), eager op dispatch on a CPU rank.
     kernel_overhead_us: float = 5.0
-    # Host time per table piece per step of the runtime's id routing, microseconds: every rank loops in Python
-    # over every destination's pieces (slice; mask, bincount and rebase for row ranges; neocfg/runtime/dist.py
-    # route_ids). 0 on the GPU presets (unmeasured there; the solver does not trade this plan-wide term, so a
-    # large value would make it blind to what dominates); cpu_local: measured.
-    routing_us_per_piece: float = 0.0
+    # Host time of the runtime's id routing (neocfg/runtime/routing.py IdRouter: a constant number of vectorized ops
+    # per step whatever the number of tables and pieces, plus passes over the ids), microseconds per step; unset:
+    # planner.costs.router_kernels_per_step x kernel_overhead_us (its ops' launches: the GPU presets).
+    # cpu_local: measured in a training step (bench/calibrate_cpu.py --only train).
+    routing_us_per_step: Optional[float] = None
+    # ... and per id the device receives (sort by destination, permutes, bincount), nanoseconds; 0 on the GPU presets
+    # (passes at HBM speed, small next to the id all-to-all); cpu_local: measured (calibrate_cpu.py --only router).
+    routing_ns_per_id: float = 0.0
+    # Streaming bandwidth of the device's memory for dense passes (a data-parallel replica's gradient and update,
+    # neocfg/runtime/replicated.py), GB/s; unset: hbm_bandwidth_gbs. cpu_local: measured (--only replica_update).
+    stream_bandwidth_gbs: Optional[float] = None
     # Rate of the host copies around each byte of the embedding exchange (dtype casts, split / cat, index_select /
     # index_add, forward and backward), GB/s, on top of the collective's own bandwidth; unset: free (on a GPU
     # they run at HBM speed). cpu_local: measured.
@@ -51,7 +57,11 @@ class DeviceConfig:
             if getattr(self, sub) is not None:
                 checks.positive(f"{key}.{sub}", getattr(self, sub))
         checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
-        checks.non_negative(f"{key}.routing_us_per_piece", self.routing_us_per_piece)
+        if self.routing_us_per_step is not None:
+            checks.non_negative(f"{key}.routing_us_per_step", self.routing_us_per_step)
+        checks.non_negative(f"{key}.routing_ns_per_id", self.routing_ns_per_id)
+        if self.stream_bandwidth_gbs is not None:
+            checks.positive(f"{key}.stream_bandwidth_gbs", self.stream_bandwidth_gbs)
         if self.exchange_copy_gbs is not None:
             checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
         if self.dense_mfu is not None:
@@ -72,12 +82,24 @@ class HostConfig:
     cpu_cores: int = 64
     # Host-to-device bandwidth used by UVM caching and host-resident tables (PCIe).
     pcie_bandwidth_gbs: float = 25.0
+    # Host time to generate a rank's synthetic batch (neocfg/data/synthetic.py; dsi.source=synthetic): microseconds
+    # per sample, nanoseconds per id of the sample, microseconds per batch. Charged to the step only on CPU devices,
+    # whose ranks are the host's cores (the trainer's prefetch thread competes with its rank); a GPU's host prepares
+    # the next batch on cores of its own. Unset: not charged. cpu_local: measured in a training step
+    # (bench/calibrate_cpu.py --only train).
+    synthetic_us_per_sample: Optional[float] = None
+    synthetic_ns_per_id: float = 0.0
+    synthetic_us_per_batch: float = 0.0
 
     def check(self, key: str) -> None:
         checks.positive(f"{key}.ddr_gib", self.ddr_gib)
         checks.positive(f"{key}.ddr_bandwidth_gbs", self.ddr_bandwidth_gbs)
         checks.positive(f"{key}.cpu_cores", self.cpu_cores)
         checks.positive(f"{key}.pcie_bandwidth_gbs", self.pcie_bandwidth_gbs)
+        if self.synthetic_us_per_sample is not None:
+            checks.non_negative(f"{key}.synthetic_us_per_sample", self.synthetic_us_per_sample)
+        checks.non_negative(f"{key}.synthetic_ns_per_id", self.synthetic_ns_per_id)
+        checks.non_negative(f"{key}.synthetic_us_per_batch", self.synthetic_us_per_batch)
 
 
 @dataclass

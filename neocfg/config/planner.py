@@ -44,10 +44,19 @@ class CostConstants:
     # Kernels per step of the dense part outside its linear layers: interaction (bmm, triangle index, cat) forward
     # and backward, BCE loss and its gradient, zero_grad, DDP's bucket copies, the optimizer's foreach update.
     dense_step_kernels: float = 30.0
-    # Kernels per step of the embedding exchange on every device, forward and backward (neocfg/runtime/dist.py and
-    # embedding.py, about 100 ops: id routing (cumsum, repeat_interleave, gather, per-group offsets, the .tolist()
-    # syncs), the output exchange's casts, splits, index_select / index_add per output kind, and their backward).
-    embedding_step_kernels: float = 100.0
+    # Kernels per step of the pooled-output exchange on every device, forward and backward (neocfg/runtime/dist.py
+    # EmbeddingExchange since caaa9d4, counted for the all-to-all kind: cast, reshape, the received pieces gathered
+    # into the output in one ChunkGather, view forward; the gradient's scale, gather, casts and view backward; about
+    # 12). The id routing is its own term (hardware.device.routing_us_per_step).
+    embedding_step_kernels: float = 12.0
+    # Kernels (ops) of the id routing per step (neocfg/runtime/routing.py IdRouter for whole-table pieces: route ~12,
+    # start ~12 (the counts' all-to-all, split sizes, the host sync), receive ~16), charged as kernel_overhead_us each
+    # where hardware.device.routing_us_per_step is unset (the GPU presets).
+    router_kernels_per_step: float = 40.0
+    # Passes over a data-parallel replica's fp32 elements per step (neocfg/runtime/replicated.py, counted: the dense
+    # TBE's gradient zeroed and scattered, scaled, all-reduced in place, squared and summed per row, the update read
+    # and written: about 12), at the device's streaming bandwidth (hardware.device.stream_bandwidth_gbs).
+    replica_update_passes: float = 12.0
     # Kernels per fused lookup group (one TBE per weights precision x memory tier on a device) per step: the TBE
     # forward, its backward with the fused optimizer, the output concatenation and its gradient.
     tbe_kernels_per_group: float = 4.0
@@ -80,7 +89,7 @@ class CostConstants:
         checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
         checks.positive(f"{key}.ddp_bucket_mib", self.ddp_bucket_mib)
         for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels",
-                     "tbe_kernels_per_group"):
+                     "router_kernels_per_step", "replica_update_passes", "tbe_kernels_per_group"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))
         for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))

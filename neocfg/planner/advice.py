@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 from neocfg.config.schema import MAX_NODES, NeocfgConfig
-from neocfg.errors import InfeasibleError, NeocfgError
+from neocfg.errors import InfeasibleError, IngestLimitError, NeocfgError
 from neocfg.plan import Plan
 from neocfg.types import MemoryTier, PlannerAlgorithm, ShardingType, WeightsDtype
 
@@ -167,6 +167,8 @@ def advise(cfg: NeocfgConfig, exc: InfeasibleError, budget_s: float = ADVICE_BUD
     with planning_progress(cfg, "checking which changes make it fit"):
         found, batch_bound = verified_changes(cfg, probe)
     stopped = time.perf_counter() > probe.deadline
+    if batch_bound and isinstance(exc, IngestLimitError):   # a smaller batch slows the nodes' intake; no buffers
+        return InfeasibleError(f"{reason}; verified to fit: {found[-1]}")
     if batch_bound:
         # Nothing but the batch size helps: the batch is the problem, not whichever table the planner met first.
         return InfeasibleError(

@@ -8,7 +8,7 @@ from typing import Sequence
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
-from neocfg.planner.costs import CostModel, DenseCost
+from neocfg.planner.costs import CostModel, DenseCost, data_ms
 from neocfg.planner.types import Perf, Placement, SolveResult
 from neocfg.sharding import SCHEMES
 from neocfg.types import MemoryTier, ShardingType
@@ -52,14 +52,16 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         for r in p.ranks:
             groups[r].add((p.option.dtype, p.option.tier))
     perf = [q + cost.embedding_overhead_ms(kinds, pieces, len(g)) for q, g in zip(perf, groups)]
+    # the batch's generation where it shares the rank's core (CPU devices): the same on every device, every plan
+    data = data_ms(cfg)
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
                        compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
-                       total_ms=perf[r].total + dense.perf.total, shard_counts=dict(sorted(counts[r].items())))
+                       total_ms=perf[r].total + dense.perf.total + data, shard_counts=dict(sorted(counts[r].items())))
         for r in range(cost.topo.world))
     step = max(d.total_ms for d in devices)
     # The solvers carry the fixed costs (fixed.py): their bound holds for every plan of the enumerated options.
-    lb = result.lower_bound_ms + dense.perf.total
+    lb = result.lower_bound_ms + dense.perf.total + data
     gap = (step - lb) / step if step > 0 else 0.0
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
@@ -74,7 +76,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=devices,
         estimate=Estimate(step_ms=step, samples_per_s=cfg.train.batch_size * hw.num_devices / (step / 1e3),
                           dense_ms=dense.perf.total, dense_compute_ms=dense.perf.compute,
-                          dense_comm_ms=dense.perf.comm),
+                          dense_comm_ms=dense.perf.comm, data_ms=data),
         solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
                             objective_ms=step, lower_bound_ms=lb, gap=gap,
                             placement_source=result.placement_source.value),

@@ -11,8 +11,14 @@ Comm     all-to-all from/to every device: bytes x (fraction within the node / in
 Overhead fixed costs the byte and FLOP terms miss, which dominate small models and CPU ranks: every collective
          costs hardware.collective_latency_us (alpha) on top of its bytes (beta); every kernel (op) costs
          hardware.device.kernel_overhead_us. Counted per step from what the runtime issues: embedding collectives by
-         the sharding types in the plan (`embedding_collectives`), kernels of id routing per table piece and around
-         the fused lookups (`embedding_overhead_ms`), kernels per dense layer and DDP buckets (`dense_cost`).
+         the sharding types in the plan (`embedding_collectives`), the id routing (a constant number of ops per step,
+         hardware.device.routing_us_per_step, plus routing_ns_per_id per id received), kernels of the output exchange
+         and around the fused lookups (`embedding_overhead_ms`), kernels per dense layer and DDP buckets
+         (`dense_cost`). Data-parallel replicas also pass over their whole fp32 table every step (gradient and
+         update; `replica_update_ms`).
+Data     on CPU devices (the ranks are the host's cores) the trainer's synthetic batches are generated on the rank's
+         core: hardware.host.synthetic_us_per_sample per sample, _ns_per_id per id, _us_per_batch (`data_ms`); a GPU's
+         host has cores of its own.
 Memory   weights at the precision + optimizer state (row-wise Adagrad one fp32 per row, Adagrad one per element,
          SGD none) + cache metadata (UVM caching) + input/output buffers (ids, pooled outputs and their gradients).
 """
@@ -30,8 +36,9 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.planner.types import Perf, Storage, Topology
-from neocfg.sharding import SCHEMES, PieceShape, ceil_div, embedding_collectives
-from neocfg.types import (DenseOptimizer, Interaction, MemoryTier, ShardingType, SparseOptimizer, WeightsDtype)
+from neocfg.sharding import SCHEMES, PieceShape, Routing, ceil_div, embedding_collectives
+from neocfg.types import (DataSource, DenseOptimizer, DeviceKind, Interaction, MemoryTier, ShardingType,
+                          SparseOptimizer, WeightsDtype)
 
 GIB = 1024**3
 GB = 1e9
@@ -68,6 +75,26 @@ def zipf_hit_rate(num_rows: int, alpha: float, cache_ratio: float) -> float:
     return generalized_harmonic(cached, alpha) / generalized_harmonic(num_rows, alpha)
 
 
+def routing_us_per_step(cfg: NeocfgConfig) -> float:
+    """The id routing's host time per step: the preset's measurement, else its ops' launches."""
+    dev = cfg.hardware.device
+    if dev.routing_us_per_step is not None:
+        return dev.routing_us_per_step
+    return cfg.planner.costs.router_kernels_per_step * dev.kernel_overhead_us
+
+
+def data_ms(cfg: NeocfgConfig) -> float:
+    """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
+    devices: the ranks are the host's cores); 0 where the host has cores of its own or nothing is measured."""
+    hw, model = cfg.hardware, cfg.model
+    if (hw.device.kind is not DeviceKind.cpu or cfg.dsi.source is not DataSource.synthetic
+            or hw.host.synthetic_us_per_sample is None):
+        return 0.0
+    ids = sum(t.pooling_factor for t in model.tables)
+    per_sample_us = hw.host.synthetic_us_per_sample + ids * hw.host.synthetic_ns_per_id / 1e3
+    return (hw.host.synthetic_us_per_batch + cfg.train.batch_size * per_sample_us) / 1e3
+
+
 @dataclass(frozen=True)
 class CostModel:
     topo: Topology
@@ -86,8 +113,10 @@ class CostModel:
     host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
     collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
-    routing_ms_per_piece: float = 0.0    # host time per table piece in the world of the id routing
+    routing_ms_per_step: float = 0.0     # host time of the id routing per step (IdRouter: constant ops)
+    routing_ms_per_id: float = 0.0       # ... and per id received
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
+    stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -105,9 +134,10 @@ class CostModel:
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
             sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
             collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
-            routing_ms_per_piece=hw.device.routing_us_per_piece / 1e3,
+            routing_ms_per_step=routing_us_per_step(cfg) / 1e3, routing_ms_per_id=hw.device.routing_ns_per_id / 1e6,
             exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
-                                       else 0.0))
+                                       else 0.0),
+            stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB))
 
     @property
     def capacity(self) -> Storage:
@@ -136,12 +166,13 @@ class CostModel:
     def embedding_overhead_ms(self, shardings: Iterable[ShardingType], pieces: int, groups: int = 0) -> Perf:
         """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types and this
         many table pieces in the world (a DP table counts one piece per device), the device holding `groups` fused
-        lookup groups (one TBE per weights precision x memory tier). Communication: the collectives' latency and
-        the host kernels of the id routing and output exchange (every device routes to every piece's owner);
-        compute: the kernels of each TBE call."""
+        lookup groups (one TBE per weights precision x memory tier). Communication: the collectives' latency, the
+        id routing (a constant number of ops per step since the IdRouter: no term grows with `pieces`, which the
+        solvers' FixedCosts still take apart) and the output exchange's kernels; compute: the kernels of each TBE
+        call."""
         c = self.consts
         alpha = embedding_collectives(shardings) * self.collective_latency_ms
-        exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_piece * pieces
+        exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_step
         tbe = c.tbe_kernels_per_group * groups * self.kernel_overhead_ms
         # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward
         return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
@@ -183,8 +214,17 @@ class CostModel:
         return Perf(fwd_compute=fwd, bwd_compute=fwd * self.consts.bwd_compute_multiplier)
 
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
-        """Ids in, outputs out, gradients back: the sharding type's own terms (neocfg.sharding)."""
-        return SCHEMES[sharding].comm(self, shape)
+        """Ids in, outputs out, gradients back: the sharding type's own terms (neocfg.sharding), plus the router's
+        passes over the ids the piece receives (none for a replica, which looks up its own samples)."""
+        scheme = SCHEMES[sharding]
+        routed = 0.0 if scheme.routing is Routing.local else shape.lookup_rows * self.routing_ms_per_id
+        return scheme.comm(self, shape) + Perf(fwd_comm=routed)
+
+    def replica_update_ms(self, sharding: ShardingType, shape: PieceShape) -> Perf:
+        """A data-parallel replica's passes over its whole fp32 table per step (dense gradient, its all-reduce in
+        place, the optimizer's update): planner.costs.replica_update_passes at the streaming bandwidth; backward."""
+        grad = SCHEMES[sharding].gradient_bytes(shape)
+        return Perf(bwd_compute=grad * self.consts.replica_update_passes * self.stream_ms_per_byte)
 
     # ---- pieces ------------------------------------------------------------------------------------------
     def shape(self, table: TableConfig, sharding: ShardingType, num_pieces: int) -> PieceShape:
@@ -193,7 +233,8 @@ class CostModel:
     def piece(self, table: TableConfig, sharding: ShardingType, tier: MemoryTier, dtype: WeightsDtype,
               num_pieces: int) -> tuple[Perf, Storage]:
         shape = self.shape(table, sharding, num_pieces)
-        perf = self.compute(table, shape, tier, dtype) + self.comm(table, sharding, shape)
+        perf = (self.compute(table, shape, tier, dtype) + self.replica_update_ms(sharding, shape)
+                + self.comm(table, sharding, shape))
         return perf, self.storage(shape, tier, dtype, sharding)
 
 

@@ -19,7 +19,7 @@ import pulp
 
 from neocfg.config.dsi import DsiConfig, WorkerShape
 from neocfg.config.schema import NeocfgConfig
-from neocfg.errors import InfeasibleError
+from neocfg.errors import IngestLimitError
 from neocfg.plan import DppSizing, Plan
 from neocfg.planner import cbc
 
@@ -58,7 +58,7 @@ def check_ingest(cfg: NeocfgConfig, demand: float) -> None:
     per_node = demand / hw.nodes * dsi.tensor_bytes_per_sample / 1e9
     if per_node > dsi.trainer_ingest_gbs:
         nodes = math.ceil(hw.nodes * per_node / dsi.trainer_ingest_gbs)
-        raise InfeasibleError(
+        raise IngestLimitError(
             f"trainer ingest limit: each trainer node must receive {per_node:,.2f} GB/s of preprocessed tensors"
             f" ({demand / hw.nodes:,.0f} samples/s x {dsi.tensor_bytes_per_sample:,.0f} B) but"
             f" dsi.trainer_ingest_gbs={dsi.trainer_ingest_gbs:g}; would fit with dsi.trainer_ingest_gbs>="

@@ -310,7 +310,8 @@ class Trainer:
                 "embedding_comm": [emb_comm_ms,
                                    breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]],
                 "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
-                "data": [0.0, breakdown["data_wait"]]},
+                # producing the batches (beside the step in the prefetch thread, or waited for)
+                "data": [self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run)]},
             "prediction_error": ((measured_ms - predicted) / predicted) if predicted else None,
             "a2a_fwd_dtype": self.plan.a2a_fwd_dtype.value, "a2a_bwd_dtype": self.plan.a2a_bwd_dtype.value,
             "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
@@ -325,6 +326,15 @@ class Trainer:
                     "bytes_read": data.get("dpp.bytes_read", 0)},
         }
         return RankResult(0, self.losses, metrics)
+
+
+def produce_ms(data: dict[str, Any], breakdown: dict[str, float], world: int, steps: int) -> float:
+    """Milliseconds per step and rank the data source spent producing batches: its own clock where it prefetches
+    (data_produce_seconds, summed over ranks; the production overlaps the step and, on CPU ranks, competes with
+    it), else the time the step waited for it."""
+    if "data_produce_seconds" in data and steps:
+        return data["data_produce_seconds"] * 1e3 / world / steps
+    return breakdown["data_wait"]
 
 
 def aggregate_data_stats(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
