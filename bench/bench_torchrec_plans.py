@@ -11,7 +11,12 @@
    (CpuRowWiseEmbeddingBagCollectionSharder); neocfg's plan is neocfg's own (model=criteo_kaggle, cpu_local).
 
     .venv-torchrec/bin/python bench/bench_torchrec_plans.py [--quick] [--repeats 5] [--steps 300]
+        [--models criteo_kaggle,dcnv2_mlperf,prod_856] [--gpu-worlds 8,16,128] [--torchrec-timeout 300]
         [--out outputs/bench/bench_torchrec_plans.json]   (and the .png beside it; --plot-only redraws it)
+
+TorchRec's planner can take over 12 minutes on 856 tables: --torchrec-timeout bounds its search
+(EmbeddingShardingPlanner's timeout_seconds: it stops proposing then and returns the best plan so far; enumerating the
+options beforehand is not bounded); the JSON says whether it ran into the bound.
 """
 
 from __future__ import annotations
@@ -44,18 +49,30 @@ from neocfg.interop.torchrec import (CpuRowWiseEmbeddingBagCollectionSharder, Ne
                                      from_sharding_plan)
 from neocfg.interop.export import to_torchrec_dict  # noqa: E402
 from neocfg.planner import make_plan  # noqa: E402
+from neocfg.planner.costs import CostModel, dense_cost  # noqa: E402
 from neocfg.planner.estimate import rate_plan  # noqa: E402
 from neocfg.runtime.run import run  # noqa: E402
 
 EBC_PATH = "sparse_arch.embedding_bag_collection"
-# The GPU topology of part 1 and 2: TorchRec's defaults for an 8-GPU host, 2 hosts (ZionEX-like).
-GPU_WORLD, GPU_LOCAL = 16, 8
+# The GPU topology of part 1 and 2: TorchRec's defaults for 8-GPU hosts (ZionEX-like); the world sizes by default.
+GPU_WORLDS, GPU_LOCAL = (16,), 8
 
 
-def module_of(cfg) -> DLRM:
+class SparseOnly(torch.nn.Module):
+    """The embedding part alone, at DLRM's path (planning needs no dense part; DLRM's dot wants one dim)."""
+
+    def __init__(self, ebc: EmbeddingBagCollection) -> None:
+        super().__init__()
+        self.sparse_arch = torch.nn.Module()
+        self.sparse_arch.embedding_bag_collection = ebc
+
+
+def module_of(cfg) -> torch.nn.Module:
     tables = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
                                  feature_names=[f"f_{t.name}"]) for t in cfg.model.tables]
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    if len({t.embedding_dim for t in cfg.model.tables}) > 1:
+        return SparseOnly(ebc)
     d = cfg.model.tables[0].embedding_dim
     return DLRM(embedding_bag_collection=ebc, dense_in_features=cfg.model.num_dense_features,
                 dense_arch_layer_sizes=[64, d], over_arch_layer_sizes=[64, 1])
@@ -97,6 +114,7 @@ def torchrec_rating(module, plan_dict: dict[str, Any], topology: Topology, batch
         for shard, rank in zip(cands[0].shards, e["ranks"]):
             per_rank[rank] += shard.perf.total
     busiest = max(range(len(per_rank)), key=per_rank.__getitem__)
+    by_kind: dict[str, dict[str, float]] = {}
     for name, e in plan_dict["tables"].items():
         if name in unmatched:
             continue
@@ -104,10 +122,15 @@ def torchrec_rating(module, plan_dict: dict[str, Any], topology: Topology, batch
                    and o.compute_kernel == e["compute_kernel"])
         for shard, rank in zip(opt.shards, e["ranks"]):
             if rank == busiest:
+                kind = by_kind.setdefault(e["sharding_type"], dict.fromkeys(parts, 0.0))
                 for k in parts:
                     parts[k] += getattr(shard.perf, k)
+                    kind[k] += getattr(shard.perf, k)
     return {"rating_ms": max(per_rank), "per_rank_ms": [round(x, 4) for x in per_rank],
-            "busiest_rank_terms_ms": {k: round(v, 4) for k, v in parts.items()}, "unmatched_tables": unmatched}
+            "busiest_rank_terms_ms": {k: round(v, 4) for k, v in parts.items()},
+            "busiest_rank_terms_ms_by_sharding": {s: {k: round(v, 4) for k, v in d.items()}
+                                                  for s, d in by_kind.items()},
+            "unmatched_tables": unmatched}
 
 
 def kinds(plan) -> dict[str, int]:
@@ -123,11 +146,11 @@ def neocfg_terms(plan) -> dict[str, float]:
             "busiest_comm_ms": round(busiest.comm_ms, 4), "dense_ms": round(plan.estimate.dense_ms, 4)}
 
 
-def compare_planners(model: str, repeats: int, batch: int) -> dict[str, Any]:
-    """Parts 1 and 2 on a GPU topology of GPU_WORLD devices."""
+def compare_planners(model: str, repeats: int, batch: int, world: int, timeout_s: int | None) -> dict[str, Any]:
+    """Parts 1 and 2 on a GPU topology of `world` devices."""
     cfg = compose_cfg([f"model={model}", "hardware=zionex_2node", f"train.batch_size={batch}"])
     module = module_of(cfg)
-    topo = Topology(world_size=GPU_WORLD, local_world_size=GPU_LOCAL, compute_device="cuda")
+    topo = Topology(world_size=world, local_world_size=GPU_LOCAL, compute_device="cuda")
     cons = constraints_of(cfg)
     ours = NeocfgShardingPlanner(topology=topo, batch_size=batch, constraints=cons, model_name=model)
     times: dict[str, list[float]] = {"neocfg": [], "torchrec": []}
@@ -137,11 +160,15 @@ def compare_planners(model: str, repeats: int, batch: int) -> dict[str, Any]:
         plans["neocfg"] = ours.plan(module, sharders())
         times["neocfg"].append(time.perf_counter() - t)
         t = time.perf_counter()
-        theirs = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=cons, debug=False)
+        theirs = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=cons, debug=False,
+                                          timeout_seconds=timeout_s)
         plans["torchrec"] = theirs.plan(module, sharders())
         times["torchrec"].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in times.items()}
-    result: dict[str, Any] = {"model": model, "tables": len(cfg.model.tables), "world": GPU_WORLD,
+    result: dict[str, Any] = {"model": model, "tables": len(cfg.model.tables), "world": world,
+                              "torchrec_timeout_s": timeout_s,
+                              "torchrec_hit_timeout": bool(timeout_s) and max(times["torchrec"]) > timeout_s,
+                              "neocfg_solver": dataclasses.asdict(ours.last_plan.solver),
                               "planning_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
                               "planning_s_median": {k: round(v, 3) for k, v in med.items()},
                               "torchrec_over_neocfg_planning_time": round(med["torchrec"] / med["neocfg"], 2)}
@@ -152,13 +179,21 @@ def compare_planners(model: str, repeats: int, batch: int) -> dict[str, Any]:
 def rate_both(ours: NeocfgShardingPlanner, module, plans: dict[str, Any], topo: Topology, batch: int,
               cons: dict[str, ParameterConstraints], cfg=None) -> dict[str, Any]:
     """Both estimators on both plans (cfg: rate with this neocfg config instead of the planner's own)."""
-    out: dict[str, Any] = {"neocfg_estimate": {}, "torchrec_estimate": {}, "shardings": {}}
+    out: dict[str, Any] = {"neocfg_estimate": {}, "torchrec_estimate": {}, "shardings": {},
+                           "fits_neocfg_memory_model": {}}
     for who, sp in plans.items():
+        # rated even where neocfg's memory model (10% HBM reserve, its buffers) finds a device over capacity: said in
+        # fits_neocfg_memory_model
         if cfg is None:
-            rated = ours.rate(module, sp, sharders())
+            rated = ours.rate(module, sp, sharders(), check_memory=False)
         else:
             rated = rate_plan(cfg, from_sharding_plan(sp, module, sharders(), topo.world_size,
-                                                      topo.local_world_size, batch, cfg.model.name), who)
+                                                      topo.local_world_size, batch, cfg.model.name), who,
+                              check_memory=False)
+        c = cfg if cfg is not None else ours.config(module, sharders())
+        cap, dense = CostModel.from_config(c).capacity, dense_cost(c).resident_bytes   # hbm_bytes counts the dense
+        out["fits_neocfg_memory_model"][who] = all(d.hbm_bytes - dense <= cap.hbm and d.host_bytes <= cap.host
+                                                   for d in rated.devices)
         out["neocfg_estimate"][who] = neocfg_terms(rated)
         out["torchrec_estimate"][who] = torchrec_rating(module, to_torchrec_dict(rated, topo.compute_device), topo,
                                                         batch, cons)
@@ -167,6 +202,18 @@ def rate_both(ours: NeocfgShardingPlanner, module, plans: dict[str, Any], topo: 
     out["neocfg_says_torchrec_over_neocfg"] = round(n["torchrec"]["step_ms"] / n["neocfg"]["step_ms"], 3)
     out["torchrec_says_torchrec_over_neocfg"] = round(t["torchrec"]["rating_ms"] / t["neocfg"]["rating_ms"], 3)
     return out
+
+
+def print_terms(r: dict[str, Any]) -> None:
+    """Each plan's shardings and the busiest device's terms by each estimator (ms)."""
+    for who in ("neocfg", "torchrec"):
+        n, t = r["neocfg_estimate"][who], r["torchrec_estimate"][who]
+        tt = t["busiest_rank_terms_ms"]
+        print(f"    {who} plan {r['shardings'][who]}: neocfg step {n['step_ms']:.3f} (busiest compute"
+              f" {n['busiest_compute_ms']:.3f}, comm {n['busiest_comm_ms']:.3f}, dense {n['dense_ms']:.3f}); TorchRec"
+              f" {t['rating_ms']:.3f} (busiest fwd/bwd compute {tt['fwd_compute']:.3f}/{tt['bwd_compute']:.3f},"
+              f" comms {tt['fwd_comms']:.3f}/{tt['bwd_comms']:.3f}"
+              f"{', unmatched ' + str(len(t['unmatched_tables'])) if t['unmatched_tables'] else ''})", flush=True)
 
 
 def measure(world: int, rows_cap: int, batch: int, steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
@@ -257,6 +304,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="1 planning repeat, 2 measured repeats of 60 steps")
     ap.add_argument("--models", default="criteo_kaggle,dcnv2_mlperf")
     ap.add_argument("--plan-repeats", type=int, default=3)
+    ap.add_argument("--gpu-worlds", default=",".join(map(str, GPU_WORLDS)), help="GPU world sizes of parts 1-2")
+    ap.add_argument("--torchrec-timeout", type=int, default=None,
+                    help="seconds TorchRec's planner may search (timeout_seconds; default: unbounded)")
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--rows-cap", type=int, default=100_000)
     ap.add_argument("--batch", type=int, default=256)
@@ -280,13 +330,16 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"bench": "bench_torchrec_plans", "planning": [], "measured": []}
     if not a.skip_planning:
-        for model in a.models.split(","):
-            r = compare_planners(model, a.plan_repeats, 512)
+        for model, world in ((m, int(w)) for m in a.models.split(",") for w in a.gpu_worlds.split(",")):
+            r = compare_planners(model, a.plan_repeats, 512, world, a.torchrec_timeout)
             result["planning"].append(r)
-            print(f"{model} on {GPU_WORLD} GPUs: planning neocfg {r['planning_s_median']['neocfg']:.2f} s, TorchRec "
-                  f"{r['planning_s_median']['torchrec']:.2f} s -> TorchRec/neocfg x{r['torchrec_over_neocfg_planning_time']}"
+            bounded = " (ran into --torchrec-timeout)" if r["torchrec_hit_timeout"] else ""
+            print(f"{model} on {world} GPUs: planning neocfg {r['planning_s_median']['neocfg']:.2f} s, TorchRec "
+                  f"{r['planning_s_median']['torchrec']:.2f} s{bounded} -> TorchRec/neocfg"
+                  f" x{r['torchrec_over_neocfg_planning_time']}"
                   f"; TorchRec plan / neocfg plan: by neocfg's estimate x{r['neocfg_says_torchrec_over_neocfg']}, by "
                   f"TorchRec's x{r['torchrec_says_torchrec_over_neocfg']}", flush=True)
+            print_terms(r)
     if not a.skip_measure:
         with tempfile.TemporaryDirectory() as tmp:
             for world in (int(x) for x in a.worlds.split(",")):

@@ -227,15 +227,16 @@ class NeocfgShardingPlanner:
         return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module, sharders)
 
     def rate(self, module: nn.Module, sharding_plan: ShardingPlan,
-             sharders: Optional[Sequence[ModuleSharder]] = None) -> Plan:
-        """neocfg's estimate of any TorchRec ShardingPlan of the module (e.g. EmbeddingShardingPlanner's)."""
+             sharders: Optional[Sequence[ModuleSharder]] = None, check_memory: bool = True) -> Plan:
+        """neocfg's estimate of any TorchRec ShardingPlan of the module (e.g. EmbeddingShardingPlanner's);
+        check_memory False rates it even where neocfg's memory model finds a device over its capacity."""
         from neocfg.planner.estimate import rate_plan
 
         sharders = list(sharders) if sharders is not None else get_default_sharders()
         cfg = self.config(module, sharders)
         plan = from_sharding_plan(sharding_plan, module, sharders, cfg.hardware.num_devices,
                                   cfg.hardware.devices_per_node, cfg.train.batch_size, cfg.model.name)
-        return rate_plan(cfg, plan, "torchrec plan")
+        return rate_plan(cfg, plan, "torchrec plan", check_memory=check_memory)
 
 
 # ---- converters ----------------------------------------------------------------------------------------------

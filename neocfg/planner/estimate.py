@@ -40,8 +40,10 @@ def placements_of(cfg: NeocfgConfig, cost: CostModel, plan: Plan) -> tuple[Place
     return tuple(out)
 
 
-def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str) -> Plan:
-    """The plan with neocfg's estimates for cfg's hardware and batch (DPP sized as for a solved plan)."""
+def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str, check_memory: bool = True) -> Plan:
+    """The plan with neocfg's estimates for cfg's hardware and batch (DPP sized as for a solved plan). check_memory
+    False: rate it even where neocfg's memory model says a device would be over its capacity (comparing another
+    planner's plan whose memory model differs: the devices' hbm_bytes say by how much)."""
     from neocfg.planner.dpp import size_dpp
 
     start = time.perf_counter()
@@ -50,7 +52,7 @@ def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str) -> Plan:
     placements = placements_of(cfg, cost, plan)
     loads = DeviceLoads.of(cost.topo, cost.capacity, placements)
     bad = loads.over_capacity()
-    if bad is not None:
+    if bad is not None and check_memory:
         raise InfeasibleError(f"{source}: the plan does not fit {cfg.hardware.name}: device {bad} would hold "
                               f"{loads.hbm[bad] / GIB:,.2f} GiB of device memory (usable {cost.capacity.hbm / GIB:,.2f})"
                               f" and {loads.host[bad] / GIB:,.2f} GiB of host DDR (usable "
