@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.source import Prefetcher, SyntheticSource
-from neocfg.data.synthetic import CHUNK_SIZE, SyntheticData, zipf_ids
+from neocfg.data.synthetic import CHUNK_SIZE, SyntheticData, scatter_ranks, zipf_ids
 
 DATA = SyntheticData(num_dense=3, rows=(100, 1000, 50, 7), pooling=(1.0, 3.5, 0.3, 2.0),
                      alphas=(1.0, 0.8, 1.3, 1.05), seed=5)
@@ -48,10 +50,10 @@ def test_each_table_keeps_its_own_pooling_rows_and_skew():
         assert per_table[t] / n == pytest.approx(pool, rel=0.05)
         ids = a.values[bounds[t]:bounds[t + 1]]
         assert ids.min() >= 0 and ids.max() < rows
-        # Rank 1 maps to id 0; P(rank 1) = P(continuous rank < 2) under this table's own alpha.
+        # The hottest rank lands on scatter_ranks(0); P(rank 1) = P(continuous rank < 2) under this table's alpha.
         e = 1.0 - alpha
         p1 = np.log(2) / np.log(rows + 1) if abs(e) < 1e-9 else (2**e - 1) / ((rows + 1) ** e - 1)
-        freq = float(np.mean(ids == 0))
+        freq = float(np.mean(ids == scatter_ranks(0, rows, t)))
         sigma = np.sqrt(p1 * (1 - p1) / ids.size)
         assert abs(freq - p1) < 4 * sigma + 1e-3, (t, freq, p1)
 
@@ -59,7 +61,31 @@ def test_each_table_keeps_its_own_pooling_rows_and_skew():
 def test_one_table_draw_has_the_scalar_laws_shape():
     ids = zipf_ids(np.random.default_rng(0), 10, 1.0, 200_000)
     counts = np.bincount(ids, minlength=10)
-    assert ids.min() >= 0 and ids.max() < 10 and counts[0] == counts.max()
+    assert ids.min() >= 0 and ids.max() < 10 and counts[scatter_ranks(0, 10, 0)] == counts.max()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 10, 4096, 20_000, 1_000_003, 2**20 * 3])
+def test_ranks_scatter_by_a_bijection_that_spreads_the_hot_rows(rows):
+    """Every row is some rank's (a bijection), and the 128 hottest ranks fall in most of 128 equal row ranges (the
+    row-wise shards of a 128-rank world), not in the first ones: hashed ids, as the row-wise cost model assumes."""
+    for table in (0, 7):
+        got = scatter_ranks(np.arange(rows), rows, table)
+        assert np.array_equal(np.sort(got), np.arange(rows))
+        if rows >= 4096:
+            block = -(-rows // 128)
+            assert len(np.unique(got[:128] // block)) >= 100, (rows, table)
+
+
+def test_ranks_scatter_exactly_in_tables_beyond_int64_products():
+    """Above 3e9 rows, rank x multiplier overflows an int64: the split product still gives the exact row (checked
+    against the documented formula in Python integers, small tables too)."""
+    for rows in (2**39 + 7, 20_000):
+        m = round(rows * (5**0.5 - 1) / 2)
+        while math.gcd(m, rows) != 1:
+            m += 1
+        c = ((3 + 1) * 0x632BE59BD9B4E019 % 2**64 >> 24) % rows
+        ranks = np.array([0, 1, 2, 12345, rows - 1], dtype=np.int64)
+        assert [int(g) for g in scatter_ranks(ranks, rows, 3)] == [(int(r) * m + c) % rows for r in ranks]
 
 
 def _source(step: int = 0) -> SyntheticSource:

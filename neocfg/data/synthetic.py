@@ -2,7 +2,9 @@
 
 Sample i is generated from chunk i // CHUNK_SIZE with a generator seeded by (seed, chunk), so any rank or DPP
 worker can produce any range of samples independently and identically. Ids of table t follow a Zipf law with the
-table's zipf_alpha, permuted over the table's rows; each sample has about pooling_factor ids per table. The label is
+table's zipf_alpha, its ranks scattered over the table's rows by a fixed bijection per table (scatter_ranks: hot
+rows spread over the whole row range, as hashed categorical ids are); each sample has about pooling_factor ids per
+table. The label is
 Bernoulli(sigmoid(logit)) where the logit is a hidden linear function of the dense features plus, per table, the mean
 of a hidden per-id score: a model with embeddings can learn it, a constant predictor cannot.
 """
@@ -27,8 +29,11 @@ CHUNK_SIZE = 256
 CHUNKS_CACHED = 8
 # Scale of the hidden logit: with unit-variance dense and sparse parts this gives a Bayes AUC of about 0.85.
 LOGIT_SCALE = 2.0
-# Multipliers of the rank -> id permutation (primes; the second is used when the first divides the table size).
-_PERM_PRIMES = (1_000_003, 998_244_353)
+# The rank -> row bijection's multiplier is the first integer coprime with the rows from rows x this (the golden
+# ratio's fractional part: consecutive ranks land far apart, and any run of them spreads evenly; Knuth, TAOCP 6.4).
+_GOLDEN = (5 ** 0.5 - 1) / 2
+# Below this many rows, rank x multiplier + offset fits an int64 (3.03e9^2 < 2^63).
+_DIRECT_ROWS = 3_037_000_499
 _HASH_MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -76,7 +81,7 @@ class SyntheticData:
         dense = rng.standard_normal((n, self.num_dense)).astype(np.float32)
         lengths = sample_lengths(rng, tabs.pooling[:, None], (len(self.rows), n))        # [T, n]
         per_table = lengths.sum(axis=1)
-        values = zipf_ids(rng, tabs.rows, tabs.alphas, per_table)
+        values = zipf_ids(rng, tabs.rows, tabs.alphas, per_table, tabs.index)
         table_of_id = np.repeat(tabs.index, per_table)
         with np.errstate(over="ignore"):  # the score hash multiplies wrapping uint64s
             scores = self.id_score(table_of_id, values)
@@ -139,15 +144,17 @@ def sample_lengths(rng: np.random.Generator, pooling_factor, shape) -> np.ndarra
     return np.where(p >= 1.0, poisson, bernoulli)
 
 
-def zipf_ids(rng: np.random.Generator, num_rows, alpha, counts) -> np.ndarray:
+def zipf_ids(rng: np.random.Generator, num_rows, alpha, counts, tables=None) -> np.ndarray:
     """counts[t] ids in [0, num_rows[t]) per table t, table after table, with P(rank r) ~ r^-alpha[t] (continuous
-    inverse CDF), ranks permuted over the rows. Scalars are one table.
+    inverse CDF), ranks scattered over the rows by scatter_ranks (tables: the tables' indices, default 0, 1, ...).
+    Scalars are one table.
 
     One pass over all ids: per-table constants are expanded to the ids, and the inverse CDF is taken in log form,
     rank = exp(log1p((top^e - 1) u) / e) with e = 1 - alpha (rank = top^u when alpha = 1)."""
     rows = np.atleast_1d(np.asarray(num_rows, np.int64))
     a = np.atleast_1d(np.asarray(alpha, np.float64))
     counts = np.atleast_1d(np.asarray(counts, np.int64))
+    tables = np.arange(len(rows), dtype=np.int64) if tables is None else np.atleast_1d(np.asarray(tables, np.int64))
     u = rng.random(int(counts.sum()))
     log_top = np.log(rows + 1.0)
     e = 1.0 - a
@@ -165,6 +172,41 @@ def zipf_ids(rng: np.random.Generator, num_rows, alpha, counts) -> np.ndarray:
     rows_per_id = np.repeat(rows, counts)
     np.clip(ranks, 1, rows_per_id, out=ranks)
     ranks -= 1
-    prime = np.where(rows % _PERM_PRIMES[0] != 0, _PERM_PRIMES[0], _PERM_PRIMES[1])
-    ranks *= np.repeat(prime, counts)
-    return np.remainder(ranks, rows_per_id, out=ranks)
+    mult, offset = _scatter_constants(rows, tables)
+    return _scatter(ranks, rows_per_id, np.repeat(mult, counts), np.repeat(offset, counts), int(rows.max(initial=1)))
+
+
+def scatter_ranks(ranks, num_rows: int, table: int) -> np.ndarray:
+    """Row of each Zipf rank (0 = the hottest) of table `table` with `num_rows` rows: (rank x m + c) mod rows, m the
+    first integer coprime with the rows from rows x 0.618... (consecutive ranks land a golden-ratio fraction of the
+    table apart), c a per-table offset. A bijection of the rows, like the hash of a production pipeline's
+    categorical ids: hot rows are spread over the whole row range, as row-wise sharding and the planner's row-wise
+    cost model (lookups split evenly over the row ranges) assume. Exact below 2^40 rows."""
+    ranks = np.asarray(ranks, np.int64)
+    mult, offset = _scatter_constants(np.array([num_rows], np.int64), np.array([table], np.int64))
+    n = np.full(ranks.shape, num_rows, np.int64)
+    return _scatter(ranks.copy(), n, np.full_like(n, mult[0]), np.full_like(n, offset[0]), num_rows)
+
+
+def _scatter_constants(rows: np.ndarray, tables: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """scatter_ranks' (m, c) per table."""
+    mult = np.maximum(np.rint(rows * _GOLDEN).astype(np.int64), 1)
+    while True:
+        bad = np.gcd(mult, rows) != 1
+        if not bad.any():
+            return mult, (_table_salt(tables.astype(np.uint64)) >> np.uint64(24)).astype(np.int64) % rows
+        mult[bad] += 1
+
+
+def _scatter(ranks: np.ndarray, rows: np.ndarray, mult: np.ndarray, offset: np.ndarray, max_rows: int) -> np.ndarray:
+    """(ranks x mult + offset) mod rows elementwise, in place in `ranks`, without int64 overflow."""
+    if max_rows < _DIRECT_ROWS:
+        ranks *= mult
+    else:   # mult = hi x 2^20 + lo, each product below 2^60 for rows below 2^40
+        lo = ranks * (mult & ((1 << 20) - 1))
+        ranks *= mult >> 20
+        np.remainder(ranks, rows, out=ranks)
+        ranks <<= 20
+        ranks += lo
+    ranks += offset
+    return np.remainder(ranks, rows, out=ranks)
