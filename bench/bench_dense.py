@@ -8,7 +8,9 @@ Variants, alternating step by step in the same processes (medians per term over 
 over repeats):
   before: DDP with its defaults (buffers broadcast before every forward, gradients copied into and out of the
           all-reduce buckets), torch.optim.Adagrad with its CPU default (a loop over parameters);
-  after:  what neocfg.runtime does now (neocfg.runtime.dlrm.DDP_OPTIONS and make_dense_optimizer: fused Adagrad).
+  torch_gemm: the DDP and optimizer settings of now, the MLPs on torch's nn.Linear (MKL sgemm), as before 3 Dec;
+  after:  what neocfg.runtime does now (neocfg.runtime.dlrm.DDP_OPTIONS and make_dense_optimizer: fused Adagrad;
+          the MLPs' large layers as fused oneDNN matmuls, dlrm.MLP).
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ WORLD, WARMUP = 2, 3
 TERMS = ("forward", "backward", "optimizer", "total")
 
 
+VARIANTS = ("before", "torch_gemm", "after")
+
+
 def _build(cfg, variant: str):
-    dense = dlrm.build_dense(cfg.model, 0, torch.device("cpu"))
+    dense = dlrm.build_dense(cfg.model, 0, torch.device("cpu"), onednn=variant == "after")
     if variant == "before":
         ddp = DistributedDataParallel(dense)
         opt = torch.optim.Adagrad(ddp.parameters(), lr=0.05)
@@ -95,18 +100,19 @@ def main() -> None:
     cfg = compose_cfg([f"model={a.model}"])
     reps = []
     for r in range(a.repeats):
-        order = ["before", "after"]
+        order = list(VARIANTS)
         with tempfile.TemporaryDirectory() as out:
             mp.start_processes(_worker, args=(free_port(), cfg, a.batch, a.steps, order, out), nprocs=WORLD,
                                start_method="spawn")
             reps.append(json.loads(Path(out, "dense.json").read_text()))
         print(f"repeat {r + 1}/{a.repeats}: " + "; ".join(
-            f"{v} " + ", ".join(f"{t} {reps[-1][v][t]:.2f}" for t in TERMS) for v in ("before", "after")),
+            f"{v} " + ", ".join(f"{t} {reps[-1][v][t]:.2f}" for t in TERMS) for v in VARIANTS),
             file=sys.stderr)
-    med = {v: {t: statistics.median(rep[v][t] for rep in reps) for t in TERMS} for v in ("before", "after")}
+    med = {v: {t: statistics.median(rep[v][t] for rep in reps) for t in TERMS} for v in VARIANTS}
     for t in TERMS:
-        print(f"{t:>10}: before {med['before'][t]:7.2f} ms, after {med['after'][t]:7.2f} ms "
-              f"({med['before'][t] / med['after'][t]:.2f}x)", file=sys.stderr)
+        print(f"{t:>10}: before {med['before'][t]:7.2f} ms, torch_gemm {med['torch_gemm'][t]:7.2f} ms, after "
+              f"{med['after'][t]:7.2f} ms ({med['before'][t] / med['after'][t]:.2f}x, "
+              f"{med['torch_gemm'][t] / med['after'][t]:.2f}x)", file=sys.stderr)
     emit({"bench": "dense_part", "model": a.model, "world": WORLD, "batch_per_rank": a.batch, "steps": a.steps,
           "median_ms": med, "repeats": reps}, a.out)
 
