@@ -1,12 +1,17 @@
-"""Measure this machine for the cpu_local hardware preset: gloo collective latency and bandwidth on 2 local ranks,
-fused TBE (fbgemm, row-wise Adagrad) lookup bandwidth and per-call overhead, dense MLP training FLOP rate and
-per-layer overhead. Prints the values to put in conf/hardware/cpu_local.yaml (medians of timed repeats).
+"""Measure this machine for the cpu_local hardware preset, as mode=train runs: 2 ranks at once, one thread each,
+and the runtime's own code wherever there is one. Prints the values to put in conf/hardware/cpu_local.yaml.
 
     .venv/bin/python bench/calibrate_cpu.py [--repeats 50] [--out calib.json]
+    .venv/bin/python bench/calibrate_cpu.py --only <part>
 
-Each rank runs with one thread (as mode=train does on a 2-core machine: cpu_count // local ranks). Every quantity is
-a fit of t = a + b x over two or more sizes (a: fixed cost, b: per byte or per FLOP), so the preset gets both the
-latency-like and the throughput-like term. Run it on an otherwise idle machine; other jobs inflate both.
+Parts: collectives (gloo alone: latency, bandwidth), step_collectives (a collective right after compute on both
+ranks), tbe (neocfg.runtime.embedding.make_tbe over dlrm_tiny's tables and synthetic ids), dense (a bare MLP and the
+1024^3 matmul peak), runtime_dense (neocfg's DenseArch under DDP with the fused optimizer), router (the IdRouter
+alone), replica_update (a data-parallel replica's gradient and update), synthetic (batch generation alone), train (a
+short mode=train run with its collectives, router and batch production timed per call). Most quantities are a fit
+t = a + b x over two or more sizes (a: fixed cost, b: per byte, FLOP, id or sample). Run it on an otherwise idle
+machine; other jobs inflate everything, and even then repeated runs spread by 20-50 % on a shared VM: repeat it and
+take medians.
 """
 
 from __future__ import annotations
@@ -535,27 +540,57 @@ def only(part: str, repeats: int, ranks: int) -> None:
     print(json.dumps(res, indent=1))
 
 
+def preset(res: dict) -> dict[str, float]:
+    """The cpu_local values from a full run, derived as conf/hardware/cpu_local.yaml's comments say."""
+    from neocfg.config.planner import CostConstants
+    from common import compose_cfg
+
+    c = compose_cfg(["hardware=cpu_local"])
+    consts, hw = CostConstants(), c.hardware
+    t, tr, dense = res["tbe"], res["train"], res["runtime_dense"]
+    latency_us = tr["collective_ms_per_call"] * 1e3
+    peak = res["dense"]["matmul_peak_tflops"]
+    per_op = []
+    for d in dense.values():   # the fixed cost less DDP's one-bucket all-reduce (latency + 2 x bytes / 2 ranks)
+        allreduce_us = latency_us + d["parameters"] * 4 / (hw.intra_node_bandwidth_gbs * 1e3 * consts.comm_efficiency)
+        per_op.append((d["fixed_us"] - allreduce_us) / d["planner_kernels"])
+    return {
+        "collective_latency_us": round(latency_us),
+        "intra_node_bandwidth_gbs": round(res["collectives"]["all_to_all"]["gbs"], 3),
+        "device.hbm_bandwidth_gbs": round(t["hbm_bandwidth_gbs_for_preset"], 2),
+        "device.peak_tflops": round(peak, 3),
+        "device.dense_mfu": round(dense["criteo_kaggle"]["train_tflops"] / peak, 2),
+        "device.kernel_overhead_us": round(statistics.mean(per_op)),
+        "device.routing_us_per_step": round(tr["router_us_per_step"]),
+        "device.routing_ns_per_id": round(tr["router_ns_per_id"], 1),
+        "device.stream_bandwidth_gbs": round(consts.replica_update_passes * 4 / res["replica_update"]["per_element_ns"], 1),
+        "host.synthetic_us_per_batch": round(tr["synthetic_fixed_us"]),
+        "host.synthetic_ns_per_id": round(_per_id_ns(res["synthetic"]), 1),
+        "host.synthetic_us_per_sample": round(tr["synthetic_us_per_sample"] - res["synthetic"][TRAIN_MODEL][
+            "ids_per_sample"] * _per_id_ns(res["synthetic"]) / 1e3, 2),
+    }
+
+
+def _per_id_ns(syn: dict) -> float:
+    """Generation time per id: the per-sample difference of the two models over their ids per sample."""
+    a, b = syn["dlrm_tiny"], syn["criteo_kaggle"]
+    return (b["per_sample_us"] - a["per_sample_us"]) / (b["ids_per_sample"] - a["ids_per_sample"]) * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out")
     ap.add_argument("--only", choices=["collectives", "step_collectives", "runtime_dense", "train", *PARTS])
-    ap.add_argument("--ranks", type=int, default=2, help="processes measuring TBE and dense at once (mode=train's)")
+    ap.add_argument("--ranks", type=int, default=2, help="processes measuring the single-rank parts at once (mode=train's)")
     a = ap.parse_args()
     if a.only:
         return only(a.only, a.repeats, a.ranks)
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
            "load_avg_1m": os.getloadavg()[0], "ranks": a.ranks, "collectives": collectives(a.repeats),
-           "tbe": concurrent("tbe", a.repeats, a.ranks), "dense": concurrent("dense", a.repeats, a.ranks)}
-    c, t, d = res["collectives"], res["tbe"], res["dense"]
-    res["preset"] = {
-        "collective_latency_us": round(statistics.median(v["latency_us"] for v in c.values()), 1),
-        "intra_node_bandwidth_gbs": round(c["all_to_all"]["gbs"], 3),
-        "device.hbm_bandwidth_gbs": round(t["hbm_bandwidth_gbs_for_preset"], 3),
-        "device.peak_tflops": round(d["train_tflops"], 4),
-        "device.kernel_overhead_us": round(d["kernel_overhead_us"], 1),
-        "tbe_call_overhead_us (fwd+bwd)": round(t["call_overhead_us_fwd_bwd"], 1),
-    }
+           "step_collectives": step_collectives(a.repeats), "runtime_dense": runtime_dense(a.repeats),
+           "train": train(a.repeats), **{part: concurrent(part, a.repeats, a.ranks) for part in PARTS}}
+    res["preset"] = preset(res)
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:
