@@ -33,6 +33,17 @@ def test_every_sharding_type_offered_with_its_piece_count():
     assert all(o.tier is MemoryTier.hbm for o in opts if o.sharding is ShardingType.data_parallel)
 
 
+def test_data_parallel_only_in_fp32_as_the_runtime_stores_replicas():
+    cfg = round_cfg([("t", 100_000, 64, 4)], "planner.costs.comm_tiebreak=0", "planner.weights_dtypes=[fp32,fp16]")
+    opts = table_options(cfg, CostModel.from_config(cfg), 0)
+    assert any(o.dtype is WeightsDtype.fp16 for o in opts)           # fp16 is offered to the other sharding types
+    dp = [o for o in opts if o.sharding is ShardingType.data_parallel]
+    assert dp and all(o.dtype is WeightsDtype.fp32 for o in dp)
+    only_dp = round_cfg([("t", 1000, 16, 1)], "planner.sharding_types=[data_parallel]", "planner.weights_dtypes=[fp16]")
+    with pytest.raises(ConfigError, match="data_parallel is its only allowed sharding type.*add fp32"):
+        table_options(only_dp, CostModel.from_config(only_dp), 0)
+
+
 def test_slices_keep_width_multiple_of_4():
     cfg = round_cfg([("t", 1000, 12, 1)])   # 12 columns: only 3 slices of 4 would do; 3 is no power of 2 < 8 ...
     opts = table_options(cfg, CostModel.from_config(cfg), 0)

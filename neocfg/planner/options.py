@@ -107,6 +107,13 @@ def prune(options: list[ShardingOption]) -> list[ShardingOption]:
     return kept
 
 
+# Weight dtypes a data-parallel replica is stored in: runtime/replicated.py keeps replicas in fp32 whatever the
+# plan says (fbgemm's dense TBE on fp16 weights returns an fp16 weight gradient; fp16 replicas failed the
+# fp16_weights sharded == unsharded case, 30% of a table's movement off), so fp16 DP options would be sized at half
+# the bytes the runtime holds.
+DP_DTYPES = (WeightsDtype.fp32,)
+
+
 def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[ShardingOption]:
     """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed."""
     table = cfg.model.tables[index]
@@ -116,6 +123,12 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
               for k in (slice_counts(cfg, table, s) if s in SLICED else [1])]
     if not shapes or not ch.tiers or not ch.dtypes:
         raise ConfigError(f"model.tables.{index}", table.name, _no_shape(cfg, table, ch))
+    if all(s is ShardingType.data_parallel for s, _ in shapes) and not set(ch.dtypes) & set(DP_DTYPES):
+        raise ConfigError(f"model.tables.{index}", table.name,
+                          f"data_parallel is its only allowed sharding type and replicas are stored in"
+                          f" {[d.value for d in DP_DTYPES]}, but its weight dtypes are {[d.value for d in ch.dtypes]}:"
+                          f" add fp32 to planner.weights_dtypes (or the table's weights_dtypes) or allow another"
+                          f" sharding type")
     for sharding in ch.shardings:
         if not _geometry_ok(cfg, table, sharding):
             continue
@@ -125,6 +138,8 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
                 if sharding is ShardingType.data_parallel and tier is not MemoryTier.hbm:
                     continue
                 for dtype in ch.dtypes:
+                    if sharding is ShardingType.data_parallel and dtype not in DP_DTYPES:
+                        continue
                     perf, storage = cost.piece(table, sharding, tier, dtype, k)
                     if not storage.fits(cost.capacity):
                         continue

@@ -10,8 +10,8 @@ gradient and stay as they are, as under the fused sparse update.
 Data-parallel replicas are kept in fp32 whatever the plan's weights_dtype. fbgemm's dense TBE does take fp16
 weights on CPU, but then hands back an fp16 weight gradient (accumulated in fp16): tried on 3 Dec, a 3-row table
 hit by the whole batch ended 30% of its movement away from the unsharded run (tests/test_runtime_correctness.py
-fp16_weights; sharded fp16 tables, whose fused update accumulates in fp32, stay within 20%). Known mismatch, not
-fixed yet: the planner still sizes an fp16 data-parallel table at 2 bytes per weight (4 are used).
+fp16_weights; sharded fp16 tables, whose fused update accumulates in fp32, stay within 20%). So the planner offers
+data_parallel in fp32 only (neocfg.planner.options.DP_DTYPES) and sizes the replicas at the 4 bytes they use.
 """
 
 from __future__ import annotations
