@@ -123,9 +123,11 @@ def _worker(rank: int, port: int, plan_source: str, out_dir: str) -> None:
         kinds = {name: ps.sharding_type for p in plan.plan.values() for name, ps in p.items()}
         Path(out_dir, f"rank_{rank}.json").write_text(json.dumps({
             "max_abs_diff": (mine - expected).abs().max().item(), "losses": losses, "kinds": kinds}))
+        # Both ranks done with every collective before either tears its group down: without it, one CI run of
+        # d0ff722 saw rank 0 abort in teardown ("terminate called without an active exception", SIGABRT).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
-
 
 
 def _train(tmp_path: Path, plan_source: str) -> list[dict]:
