@@ -99,15 +99,14 @@ def check_plan_contract(plan: Plan, hbm_capacity: int | None = None) -> None:
 
 def step_by_cost_model(cost, dense_ms: float, placements: Sequence[Placement]) -> float:
     """A plan's step time straight from the cost model (what assemble reports), independent of the solvers' view:
-    each device's pieces plus CostModel.embedding_overhead_ms for the plan's kinds, pieces and its lookup groups."""
+    each device's pieces plus CostModel.embedding_overhead_ms for the plan's kinds and its lookup groups."""
     loads = DeviceLoads.of(cost.topo, cost.capacity, placements)
     kinds = {p.option.sharding for p in placements}
-    pieces = sum(len(p.ranks) for p in placements)
     groups: list[set] = [set() for _ in range(cost.topo.world)]
     for p in placements:
         for r in p.ranks:
             groups[r].add((p.option.dtype, p.option.tier))
-    return dense_ms + max(float(loads.time[d]) + cost.embedding_overhead_ms(kinds, pieces, len(groups[d])).total
+    return dense_ms + max(float(loads.time[d]) + cost.embedding_overhead_ms(kinds, len(groups[d])).total
                           for d in range(cost.topo.world))
 
 

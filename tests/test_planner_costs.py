@@ -166,19 +166,17 @@ def test_embedding_overhead_hand_computed():
     cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_step=30"))
     S = ShardingType
     # TW + RW: 2 + 2 + 2 = 6 collectives x 0.1 ms, plus 12 output-exchange kernels x 0.01 ms + the routing's 0.03 ms
-    perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=9, groups=2)
+    perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], groups=2)
     assert perf.comm == approx(6 * 0.1 + 12 * 0.01 + 0.03)
     assert perf.fwd_comm == approx(2 * perf.bwd_comm)
-    # the IdRouter's cost does not grow with the table pieces
-    assert cost.embedding_overhead_ms([S.table_wise, S.row_wise], pieces=900, groups=2) == perf
     # 2 TBE groups x 4 kernels x 0.01 ms, half forward
     assert perf.compute == approx(2 * 4 * 0.01)
     assert perf.fwd_compute == approx(perf.bwd_compute)
     # unmeasured routing (the GPU presets): the router's 40 kernels per step at the kernel overhead
-    unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD)).embedding_overhead_ms([S.table_wise], 1, 0)
+    unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD)).embedding_overhead_ms([S.table_wise], 0)
     assert unset.comm == approx(4 * 0.1 + 12 * 0.01 + 40 * 0.01)
     # zero latency and kernel cost: nothing
-    assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 5, 1).total == 0.0
+    assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 1).total == 0.0
 
 
 def test_routing_per_id(table):
@@ -255,7 +253,7 @@ def test_plan_carries_the_overheads():
     base = plan_placement(round_cfg(tables, "planner.sharding_types=[table_wise]"))
     cost = CostModel.from_config(cfg)
     # the busiest device holds one TW table (one TBE group)
-    fixed = cost.embedding_overhead_ms([ShardingType.table_wise], 2, 1).total
+    fixed = cost.embedding_overhead_ms([ShardingType.table_wise], 1).total
     dense_extra = dense_cost(cfg).perf.total - dense_cost(round_cfg(tables)).perf.total
     assert plan.estimate.step_ms == approx(base.estimate.step_ms + fixed + dense_extra)
     assert plan.solver.lower_bound_ms <= plan.estimate.step_ms

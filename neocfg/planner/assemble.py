@@ -46,12 +46,12 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
             counts[r][p.option.sharding.value] += 1
     perf = device_perf(cost, placements)
     # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
-    kinds, pieces = {p.option.sharding for p in placements}, sum(len(p.ranks) for p in placements)
+    kinds = {p.option.sharding for p in placements}
     groups: list[set] = [set() for _ in range(cost.topo.world)]
     for p in placements:
         for r in p.ranks:
             groups[r].add((p.option.dtype, p.option.tier))
-    perf = [q + cost.embedding_overhead_ms(kinds, pieces, len(g)) for q, g in zip(perf, groups)]
+    perf = [q + cost.embedding_overhead_ms(kinds, len(g)) for q, g in zip(perf, groups)]
     # the batch's generation where it shares the rank's core (CPU devices): the same on every device, every plan
     data = data_ms(cfg)
     devices = tuple(

@@ -163,13 +163,11 @@ class CostModel:
         return t * MS / self.consts.comm_efficiency
 
     # ---- fixed per-step costs of the embedding part (the same on every device: all take part) ---------------
-    def embedding_overhead_ms(self, shardings: Iterable[ShardingType], pieces: int, groups: int = 0) -> Perf:
-        """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types and this
-        many table pieces in the world (a DP table counts one piece per device), the device holding `groups` fused
-        lookup groups (one TBE per weights precision x memory tier). Communication: the collectives' latency, the
-        id routing (a constant number of ops per step since the IdRouter: no term grows with `pieces`, which the
-        solvers' FixedCosts still take apart) and the output exchange's kernels; compute: the kernels of each TBE
-        call."""
+    def embedding_overhead_ms(self, shardings: Iterable[ShardingType], groups: int = 0) -> Perf:
+        """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types, the device
+        holding `groups` fused lookup groups (one TBE per weights precision x memory tier). Communication: the
+        collectives' latency, the id routing (a constant number of ops per step: the IdRouter) and the output
+        exchange's kernels; compute: the kernels of each TBE call. No term grows with the number of table pieces."""
         c = self.consts
         alpha = embedding_collectives(shardings) * self.collective_latency_ms
         exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_step

@@ -1,8 +1,7 @@
 """The embedding part's fixed per-step costs (CostModel.embedding_overhead_ms) split into terms the solvers carry, so
 that their objective is the plan's step time and their bound holds for every plan of the enumerated options:
 
-  base_ms    every device, every plan: the id collectives' latency and the exchange's kernels
-  piece_ms   every device, per table piece in the world (id routing): linear in the chosen options
+  base_ms    every device, every plan: the id collectives' latency, the id routing and the exchange's kernels
   kinds      every device, per collective group the plan uses (the latency of the collectives that group issues; the
              table-wise, column-wise and table-column-wise outputs share one all-to-all): a "used" indicator each
   group_ms   one device, per fused lookup group it holds (one TBE per weights precision x memory tier)
@@ -50,30 +49,28 @@ def lookup_group(o: ShardingOption) -> GroupKey:
 @dataclass(frozen=True)
 class FixedCosts:
     base_ms: float = 0.0
-    piece_ms: float = 0.0
     kinds: tuple[tuple[frozenset[ShardingType], float], ...] = ()
     group_ms: float = 0.0
 
     @staticmethod
     def of(cost: CostModel) -> "FixedCosts":
-        base = cost.embedding_overhead_ms((), 0, 0).total
-        piece = cost.embedding_overhead_ms((), 1, 0).total - base
-        group = cost.embedding_overhead_ms((), 0, 1).total - base
+        base = cost.embedding_overhead_ms((), 0).total
+        group = cost.embedding_overhead_ms((), 1).total - base
         kinds = tuple((ks, n * cost.collective_latency_ms) for ks, n in collective_groups())
-        return FixedCosts(base_ms=base, piece_ms=piece, kinds=kinds, group_ms=group)
+        return FixedCosts(base_ms=base, kinds=kinds, group_ms=group)
 
     @property
     def is_zero(self) -> bool:
-        return self.base_ms == 0 and self.piece_ms == 0 and self.group_ms == 0 and all(ms == 0 for _, ms in self.kinds)
+        return self.base_ms == 0 and self.group_ms == 0 and all(ms == 0 for _, ms in self.kinds)
 
     def kind_ms(self, sharding: ShardingType) -> float:
         """Latency of the collective group this sharding type needs (paid once however many tables use it)."""
         return sum(ms for ks, ms in self.kinds if sharding in ks)
 
-    def shared_ms(self, shardings: Iterable[ShardingType], pieces: int) -> float:
-        """What every device pays in a plan with these sharding types and this many pieces in the world."""
+    def shared_ms(self, shardings: Iterable[ShardingType]) -> float:
+        """What every device pays in a plan with these sharding types."""
         used = set(shardings)
-        return self.base_ms + self.piece_ms * pieces + sum(ms for ks, ms in self.kinds if ks & used)
+        return self.base_ms + sum(ms for ks, ms in self.kinds if ks & used)
 
     def device_times(self, topo: Topology, placements: Sequence[Placement]) -> np.ndarray:
         """Per device: the fixed costs it pays in this plan (add the pieces' time for its embedding time)."""
@@ -81,18 +78,17 @@ class FixedCosts:
         for p in placements:
             for r in p.ranks:
                 groups[r].add(lookup_group(p.option))
-        shared = self.shared_ms({p.option.sharding for p in placements}, sum(len(p.ranks) for p in placements))
+        shared = self.shared_ms({p.option.sharding for p in placements})
         return shared + self.group_ms * np.array([len(g) for g in groups], dtype=np.float64)
 
     def minimum(self, options: Sequence[Sequence[ShardingOption]]) -> float:
-        """The least fixed time of the busiest device over every plan of these options: each table's fewest pieces,
-        the collective group no table can avoid (the largest of each table's cheapest), and one lookup group (the
-        device busiest with pieces holds one; with the pieces' bounds this adds up, see bounds.py)."""
+        """The least fixed time of the busiest device over every plan of these options: the base, the collective
+        group no table can avoid (the largest of each table's cheapest), and one lookup group (the device busiest
+        with pieces holds one; with the pieces' bounds this adds up, see bounds.py)."""
         if not options:
             return self.base_ms
-        pieces = sum(min(o.num_pieces for o in opts) for opts in options)
         kinds = max(min(self.kind_ms(o.sharding) for o in opts) for opts in options)
-        return self.base_ms + self.piece_ms * pieces + kinds + self.group_ms
+        return self.base_ms + kinds + self.group_ms
 
 
 def plan_embedding_ms(topo: Topology, fixed: FixedCosts, piece_times: np.ndarray,

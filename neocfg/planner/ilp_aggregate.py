@@ -7,7 +7,7 @@ model only chooses one option per table, subject to what every plan must satisfy
   memory       total memory per tier <= W x capacity; U's memory + any one piece <= capacity
   piece count  more than (k-1) x W pieces put k pieces of distinct tables on some device (y_k), which weigh at
                least the k smallest per-table piece times, and (threshold cuts) k x lam - sum max(0, lam - piece)
-  fixed        every device pays F (SharedFixed: base, routing per piece, each collective group used), and the device
+  fixed        every device pays F (SharedFixed: base, each collective group used), and the device
                busiest with pieces at least one lookup group: both are added to every time bound above
 Every feasible plan satisfies these, so the model's optimum, the solver's proven bound on it and the optimum of its
 LP relaxation bound every plan from below (at full capacity)."""
@@ -147,7 +147,7 @@ class AggregateModel:
         self.Uh.setInitialValue(sum(_share(o.storage.hbm, cap.hbm) for o in picked if o.is_uniform))
         self.Us.setInitialValue(sum(_share(o.storage.host, cap.host) for o in picked if o.is_uniform))
         self.shared.warm_start(picked)
-        self.F.setInitialValue(self.p.fixed.shared_ms({o.sharding for o in picked}, sum(len(pl.ranks) for pl in warm)))
+        self.F.setInitialValue(self.p.fixed.shared_ms({o.sharding for o in picked}))
         self.T.setInitialValue(upper)
         pieces = sum(o.num_pieces for o in picked if not o.is_uniform)
         for k, y in self.levels:

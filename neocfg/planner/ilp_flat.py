@@ -124,8 +124,7 @@ class FlatModel:
                 for n, v in self.node_vars.get((t, j), {}).items():
                     v.setInitialValue(1.0 if j == chosen and n == node else 0.0)
         self.shared.warm_start(pl.option for pl in warm)
-        self.F.setInitialValue(self.p.fixed.shared_ms({pl.option.sharding for pl in warm},
-                                                      sum(len(pl.ranks) for pl in warm)))
+        self.F.setInitialValue(self.p.fixed.shared_ms({pl.option.sharding for pl in warm}))
         held: list[set[GroupKey]] = [set() for _ in range(self.p.topo.world)]
         for pl in warm:
             for r in pl.ranks:

@@ -33,7 +33,7 @@ class IlpProblem:
     tiebreak: float           # cfg.planner.costs.comm_tiebreak
     # Time every device spends on the dense part: in the models so that the relative gap is that of the step time.
     offset_ms: float = 0.0
-    # The embedding part's fixed costs (collective latency per kind used, routing per piece, kernels per lookup group).
+    # The embedding part's fixed costs (collective latency per kind used, routing and exchange, kernels per lookup group).
     fixed: FixedCosts = ZERO
     solver: MipSolver = MipSolver.cbc
     # time.perf_counter() by which the solver must stop (model building counts against it); None: time_limit_s
@@ -78,9 +78,9 @@ class IlpProblem:
 
 @dataclass
 class SharedFixed:
-    """The fixed time every device pays, as a function of the option choice (FixedCosts in a model): the base, the
-    routing of each chosen option's pieces, and each collective group's latency times its "used" variable, which is
-    >= every table's choice of a sharding type of that group (1 in any integer plan that uses the group). Binary in
+    """The fixed time every device pays, as a function of the option choice (FixedCosts in a model): the base and
+    each collective group's latency times its "used" variable, which is >= every table's choice of a sharding type
+    of that group (1 in any integer plan that uses the group). Binary in
     the flat model (the solver branches on whether a group is used: dlrm_tiny x 8 closes in seconds instead of not
     at all), continuous in the aggregate (its binaries keep CBC from finding any solution of memory-tight prod_856 x
     16 in time; with x integral the minimization sets it to 0 or 1 anyway)."""
@@ -94,8 +94,6 @@ class SharedFixed:
               binary: bool) -> "SharedFixed":
         f = p.fixed
         out = SharedFixed(f.base_ms)
-        if f.piece_ms:
-            out.terms = [(x, f.piece_ms * o.num_pieces) for row, opts in zip(xs, p.options) for x, o in zip(row, opts)]
         for g, (kinds, ms) in enumerate(f.kinds):
             rows = [[x for x, o in zip(row, opts) if o.sharding in kinds] for row, opts in zip(xs, p.options)]
             rows = [r for r in rows if r]
