@@ -1,5 +1,5 @@
 """Validate a plan before anything uses it: typed fields, shards on ranks of the world, and every table's shards
-covering its rows x columns exactly once (data_parallel: one full replica per rank).
+covering its rows x columns exactly once (data_parallel: one full replica per rank, in a dtype replicas are stored in).
 
 A hand-edited or foreign plan.json (planner.plan_file) goes through load_plan_file: the first fault becomes one
 PlanError line naming the file, the table and what is wrong; nothing is trained or written with a wrong plan."""
@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 from neocfg.config.model import ModelConfig
 from neocfg.errors import DataError
 from neocfg.plan import Plan
+from neocfg.planner.options import DP_DTYPES
 from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
 
 # fbgemm's fused embedding kernels (TBE) need every looked-up width to be a multiple of 4 (neocfg/runtime/layout.py
@@ -169,6 +170,9 @@ def _table_fault(t: Any, world: int, per_node: int) -> Optional[str]:
         if s.num_cols == 0:
             return f"the shard on rank {s.rank} has no columns"
     if t.sharding is ShardingType.data_parallel:
+        if t.weights_dtype not in DP_DTYPES:
+            return (f"weights_dtype={t.weights_dtype.value} is not allowed for data_parallel: replicas are stored in "
+                    f"fp32 (neocfg/runtime/replicated.py); allowed: {', '.join(d.value for d in DP_DTYPES)}")
         if any((s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, n, 0, d) for s in shards):
             return "data_parallel needs every shard to be a full replica"
         ranks = sorted(s.rank for s in shards)

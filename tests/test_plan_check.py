@@ -74,6 +74,10 @@ def _dp_missing_replica(d):
     _table(d, "t2")["shards"].pop()
 
 
+def _dp_fp16(d):
+    _table(d, "t2")["weights_dtype"] = "fp16"   # runtime/replicated.py stores replicas in fp32 whatever the plan says
+
+
 def _table_missing(d):
     d["tables"] = [t for t in d["tables"] if t["name"] != "t6"]
 
@@ -90,6 +94,7 @@ CASES = {
     "string_rows": (_string_rows, "table t5 shard 0", "num_rows='2000' must be an integer"),
     "dims": (_dims, "table t7", "100x32 in the plan but 100x16 in model"),
     "dp_missing_replica": (_dp_missing_replica, "table t2", "one replica on each of ranks 0..1"),
+    "dp_fp16": (_dp_fp16, "table t2", "weights_dtype=fp16 is not allowed for data_parallel"),
     "table_missing": (_table_missing, "table t6", "not in the plan"),
     "bad_enum": (_bad_enum, "table t0", "sharding='diagonal' is not one of"),
 }
@@ -118,7 +123,7 @@ def test_world_mismatch(cfg, tmp_path):
         load_plan_file(_write(tmp_path, _plan_dict(cfg)), cfg.model, 4)
 
 
-@pytest.mark.parametrize("case", ["overlap", "string_rows"])
+@pytest.mark.parametrize("case", ["overlap", "string_rows", "dp_fp16"])
 def test_cli_refuses_bad_plan(cli, cfg, tmp_path, case):
     d = _plan_dict(cfg)
     CASES[case][0](d)
@@ -179,11 +184,15 @@ def test_cli_plan_rates_the_file(cli, cfg, tmp_path):
     assert [t["sharding"] for t in out["tables"]] == [s.value for s in MIXED]
 
 
-def test_cli_plan_refuses_bad_file(cli, cfg, tmp_path):
+@pytest.mark.parametrize("case", ["overlap", "dp_fp16"])
+def test_cli_plan_refuses_bad_file(cli, cfg, tmp_path, case):
+    """mode=plan (the estimate) refuses it too: e.g. a DP table in fp16 would be sized at half the replica's bytes."""
+    break_it, where, fault = CASES[case]
     d = _plan_dict(cfg)
-    _overlap(d)
+    break_it(d)
     path = _write(tmp_path, d)
     r = cli("mode=plan", f"planner.plan_file={path}")
     err = [line for line in r.stderr.splitlines() if line.strip()]
-    assert r.returncode != 0 and len(err) == 1 and "table t1" in err[0] and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode != 0 and len(err) == 1 and where in err[0] and fault in err[0], r.stderr
+    assert "Traceback" not in r.stderr
     assert not list((tmp_path / "outputs").rglob("plan.json"))

@@ -45,6 +45,7 @@ from neocfg.errors import ConfigError
 from neocfg.interop.export import (TIER_OF_KERNEL, compute_device_of, read_torchrec_dict, table_plan_of,
                                    to_torchrec_dict, unrated_plan)
 from neocfg.plan import GIVEN_PLAN_ALGORITHM, Plan
+from neocfg.planner.options import DP_DTYPES
 from neocfg.types import Interaction, MemoryTier, ShardingType, WeightsDtype
 
 GIB = 1024**3
@@ -279,6 +280,8 @@ def from_sharding_plan(sharding_plan: ShardingPlan, module: nn.Module, sharders:
             entry = {"sharding_type": ps.sharding_type, "compute_kernel": ps.compute_kernel, "ranks": ps.ranks,
                      "shards": shards}
             dtype = WeightsDtype.fp16 if c.data_type is DataType.FP16 else WeightsDtype.fp32
+            if ps.sharding_type == ShardingType.data_parallel.value:
+                dtype = DP_DTYPES[0]   # neocfg's replicas are fp32 whatever the table's type (runtime/replicated.py)
             tables.append(table_plan_of(name, c.num_embeddings, c.embedding_dim, entry, world_size, dtype))
     order = list(configs)
     tables.sort(key=lambda t: order.index(t.name))

@@ -33,7 +33,7 @@ class IlpProblem:
     tiebreak: float           # cfg.planner.costs.comm_tiebreak
     # Time every device spends on the dense part: in the models so that the relative gap is that of the step time.
     offset_ms: float = 0.0
-    # The embedding part's fixed costs (collective latency per kind used, routing and exchange, kernels per lookup group).
+    # The embedding part's fixed costs (collective latency per kind used, routing and exchange, kernels per TBE group).
     fixed: FixedCosts = ZERO
     solver: MipSolver = MipSolver.cbc
     # time.perf_counter() by which the solver must stop (model building counts against it); None: time_limit_s
