@@ -19,7 +19,7 @@ from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
 from neocfg.runtime.replicated import ReplicatedEmbeddings
-from neocfg.runtime.routing import IdRouter, PendingIds
+from neocfg.runtime.routing import IdRouter, LocalLookups, PendingIds, Routed
 
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
 EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
@@ -94,18 +94,33 @@ class ShardedEmbeddings(nn.Module):
                                                train.sparse_optimizer, train.sparse_learning_rate, seed, device,
                                                dp_group, comm.world)
 
-    def start_ids(self, batch: Batch) -> PendingIds:
-        """Send a batch's ids to their owners without waiting for them (on the id process group)."""
+    def route_ids(self, batch: Batch) -> Routed:
+        """A batch's ids, arranged for their owners (not sent yet)."""
         if batch.batch_size != self.batch_size:  # every rank's exchange is sized for train.batch_size samples
             raise DataError(f"rank {self.comm.rank} got a batch of {batch.batch_size} samples; the exchange expects "
                             f"train.batch_size={self.batch_size} on every rank and step")
-        return self.router.start(self.id_group, batch)
+        return self.router.route(batch)
 
-    def forward(self, batch: Batch, pending: Optional[PendingIds] = None) -> torch.Tensor:
-        """Pooled embeddings of the batch; `pending`: its ids already sent by start_ids (the pipelined step)."""
+    def send_ids(self, routed: Routed, recv_counts: Optional[torch.Tensor] = None,
+                 then: Optional[Routed] = None) -> PendingIds:
+        """Send routed ids to their owners without waiting for them (on the id process group); IdRouter.send."""
+        return self.router.send(self.id_group, routed, recv_counts, then)
+
+    def start_ids(self, batch: Batch) -> PendingIds:
+        """Send a batch's ids to their owners without waiting for them (on the id process group)."""
+        return self.send_ids(self.route_ids(batch))
+
+    def finish_ids(self, pending: PendingIds) -> LocalLookups:
+        """Wait for sent ids; what this rank's TBEs look up."""
+        return self.router.finish(pending)
+
+    def forward(self, batch: Batch, lookups: Optional[LocalLookups] = None) -> torch.Tensor:
+        """Pooled embeddings of the batch; `lookups`: its ids already received (the pipelined step), else they are
+        exchanged here."""
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
-        with sw("comm_input"):
-            lookups = self.router.finish(pending if pending is not None else self.start_ids(batch))
+        if lookups is None:
+            with sw("comm_input"):
+                lookups = self.finish_ids(self.start_ids(batch))
         with sw("emb_fwd"):
             outs = [tbe(idx, off) for tbe, (idx, off) in zip(self.tbes, lookups.per_group)]
             if outs:

@@ -21,10 +21,12 @@ their ids as they are in both encodings (a CW table appears once per slice).
 
 Per step:
   sender    (codes: one sort of the row-sharded ids), then one fbgemm permute_1D_sparse_data of segments
-            [batch lengths | row-sharded lengths or piece counts | batch ids | row-sharded ids | codes] into the
-            payload, destination by destination: [lengths | ids in its TBE order | codes].
+            [batch lengths | row-sharded lengths or piece counts | batch ids | row-sharded ids | codes | headers]
+            into the payload, destination by destination: [header | lengths | ids in its TBE order | codes].
   exchange  one all-to-all of the per-destination counts (the one host sync: the split sizes), then one of the
-            payloads.
+            payloads. The pipelined step (send(then=...)) skips the first: every payload's header carries the
+            next batch's counts for its destination (HEADER elements), so the receiver knows the next payload's
+            split sizes when this one arrives: one all-to-all per step instead of two.
   receiver  one gather of every source's lengths, one permute of the id segments from (source, feature) to
             (feature, source) order, which is the TBE's input order; codes: one bincount for the row-sharded
             bags; one cumsum for the offsets.
@@ -55,6 +57,9 @@ _bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
 # ranks, all 856 tables row-wise) lengths took 10 ms and codes 35 ms; at 18 per id (128 ranks, 100 tables row-wise)
 # lengths 27 ms and codes 5.3 ms. The switch lies between; 1 is not measured more closely.
 LENGTH_ENTRIES_PER_ID = 1.0
+# Elements at the front of every destination's payload: the next batch's (ids, codes) counts for that destination
+# when the pipelined step sends them (send(then=...)), else zeros.
+HEADER = 2
 
 
 class RwEncoding(enum.Enum):
@@ -67,6 +72,8 @@ class LocalLookups:
     """What this rank's TBE groups look up for one step: per group (indices, offsets); bags = world x B per feature."""
 
     per_group: list[tuple[torch.Tensor, torch.Tensor]]
+    # recv_counts of the next batch (send()'s argument), from the payload headers, when the senders put them there
+    next_counts: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -78,6 +85,7 @@ class PendingIds:
     n_codes: int
     work: object                 # the async all-to-all's handle
     payload: torch.Tensor        # kept alive until the all-to-all is done
+    carries_next: bool = False   # the headers hold the next batch's counts (every rank sends alike)
 
 
 @dataclass
@@ -152,6 +160,7 @@ class IdRouter:
         seg_rwl, seg_ids = n_tables, n_tables + n_rwl
         seg_rwv = seg_ids + n_tables
         seg_codes = seg_rwv + n_rwl
+        seg_header = seg_codes + (world if codes else 0)
         perm, perm_dest, head = [], [], []
         code_key = [0] * n_pieces          # piece -> its place among held pieces, destination-major
         code_base = [0] * n_pieces         # piece -> bag code base (its feature at the destination, this source)
@@ -171,17 +180,19 @@ class IdRouter:
                 key_dest.append(d)
                 if not codes:
                     lens.append(seg_rwl + p)
-            if codes:   # whole lengths, the destination's piece counts (segments of one), ids, codes
-                d_segs = lens + keys + ids + [seg_codes + d]
-                head.append(len(lens) * b + len(keys))
+            if codes:   # header, whole lengths, the destination's piece counts (segments of one), ids, codes
+                d_segs = [seg_header + d] + lens + keys + ids + [seg_codes + d]
+                head.append(HEADER + len(lens) * b + len(keys))
             else:
-                d_segs = lens + ids
-                head.append(len(lens) * b)
+                d_segs = [seg_header + d] + lens + ids
+                head.append(HEADER + len(lens) * b)
             perm += d_segs
             perm_dest += [d] * len(d_segs)
         self.payload_perm = torch.tensor(perm, dtype=torch.int32, device=device)
         self.perm_dest = torch.tensor(perm_dest, **lt)
-        self.head = torch.tensor(head, **lt)                            # static payload head per destination
+        self.head = torch.tensor(head, **lt)                  # static payload head per destination (header included)
+        self.header_segs = torch.full((world,), HEADER, **lt)
+        self.header_pos = torch.arange(HEADER, **lt).repeat(world)
         self.code_key = torch.tensor(code_key, dtype=torch.int16 if len(key_piece) < 2**15 else torch.int32,
                                      device=device)
         self.code_base = torch.tensor(code_base, **lt)
@@ -190,7 +201,7 @@ class IdRouter:
         self.n_pieces = n_pieces
         self.lengths_segs = torch.full((n_tables,), b, **lt)
         self.rwl_segs = torch.full((n_rwl,), 1 if codes else b, **lt)
-        # ---- receiver: per source [head | ids of feature 0 | ... | ids of feature F-1 | codes]
+        # ---- receiver: per source [head (header first) | ids of feature 0 | ... | ids of feature F-1 | codes]
         me = layout.me.features
         n_f = len(me)
         self.n_f = n_f
@@ -252,24 +263,29 @@ class IdRouter:
             n_codes = values.new_zeros(self.world)
             src = [lengths.reshape(-1), values]
             sizes = [self.lengths_segs, totals]
+        src.append(values.new_zeros(self.world * HEADER))      # the headers (send() may fill them)
+        sizes.append(self.header_segs)
         plen, payload = _permute_1d(self.payload_perm, torch.cat(sizes), torch.cat(src), None, None)[:2]
         total = values.new_zeros(self.world).index_add_(0, self.perm_dest, plen)
         return Routed(payload, torch.stack([total - self.head - n_codes, n_codes], dim=1))
 
     # ------------------------------------------------------------ receiver
 
-    def receive(self, recv: torch.Tensor, recv_counts: torch.Tensor, n_codes: int) -> LocalLookups:
+    def receive(self, recv: torch.Tensor, recv_counts: torch.Tensor, n_codes: int,
+                carries_next: bool = False) -> LocalLookups:
         """recv: every source's payload (source-major); recv_counts [world, 2] as sent; n_codes: their sum of
-        codes (known on the host from the split sizes)."""
+        codes (known on the host from the split sizes); carries_next: the headers hold the next batch's counts."""
         b, world, n_f = self.b, self.world, self.n_f
-        if not n_f:
-            return LocalLookups([])
         a = self.my_head
         start = _excl_cumsum(a + recv_counts.sum(dim=1))
         head = recv.index_select(0, torch.repeat_interleave(start, a, output_size=a * world) + self.head_pos)
         head = head.view(world, a)
+        next_counts = head[:, :HEADER] if carries_next else None
+        if not n_f:
+            return LocalLookups([], next_counts)
+        head = head[:, HEADER:]
         if self.encoding is RwEncoding.lengths:
-            lens = head.view(world, n_f, b)
+            lens = head.reshape(world, n_f, b)
             seg = lens.sum(dim=2)
         else:
             fw = self.nf_whole
@@ -291,13 +307,13 @@ class IdRouter:
         else:
             lengths = whole_lengths
         if len(self.group_sizes) == 1:
-            return LocalLookups([(values, _offsets(lengths))])
+            return LocalLookups([(values, _offsets(lengths))], next_counts)
         out_groups, f0, v0 = [], 0, 0
         counts = torch.stack([g.sum() for g in lengths.split(self.group_sizes)]).tolist()   # a 2nd host sync
         for nf, n in zip(self.group_sizes, counts):
             out_groups.append((values[v0:v0 + n], _offsets(lengths[f0:f0 + nf])))
             f0, v0 = f0 + nf, v0 + n
-        return LocalLookups(out_groups)
+        return LocalLookups(out_groups, next_counts)
 
     # ------------------------------------------------------------ both
 
@@ -307,21 +323,38 @@ class IdRouter:
 
     def start(self, group, batch: Batch) -> PendingIds:
         """Route and exchange the counts (the host sync), then start the payload all-to-all without waiting."""
-        routed = self.route(batch)
-        recv_counts = torch.empty_like(routed.counts)
-        dist.all_to_all_single(recv_counts, routed.counts, group=group)
+        return self.send(group, self.route(batch))
+
+    def send(self, group, routed: Routed, recv_counts: Optional[torch.Tensor] = None,
+             then: Optional[Routed] = None) -> PendingIds:
+        """Start the payload all-to-all without waiting. recv_counts: what every source sends here (the
+        next_counts of the previous payload's lookups); None: exchange them first (an all-to-all). then: the
+        next batch, routed: its counts go in the headers, for the receivers' next send (every rank must pass it
+        alike)."""
+        if recv_counts is None:
+            recv_counts = torch.empty_like(routed.counts)
+            dist.all_to_all_single(recv_counts, routed.counts, group=group)
         send_sizes = self.send_sizes(routed.counts)
+        if then is not None:
+            self.carry(routed, then, send_sizes)
         recv_sizes = self.my_head + recv_counts.sum(dim=1)
         host = torch.cat([send_sizes, recv_sizes, recv_counts[:, 1].sum().view(1)]).tolist()   # the host sync
         w = self.world
         recv = routed.payload.new_empty(sum(host[w:2 * w]))
         work = dist.all_to_all_single(recv, routed.payload, host[w:2 * w], host[:w], group=group, async_op=True)
-        return PendingIds(recv, recv_counts, host[-1], work, routed.payload)
+        return PendingIds(recv, recv_counts, host[-1], work, routed.payload, then is not None)
+
+    def carry(self, routed: Routed, then: Routed, send_sizes: Optional[torch.Tensor] = None) -> None:
+        """Put the next batch's per-destination counts (then.counts) in routed's payload headers (in place)."""
+        sizes = self.send_sizes(routed.counts) if send_sizes is None else send_sizes
+        pos = torch.repeat_interleave(_excl_cumsum(sizes), HEADER, output_size=HEADER * self.world)
+        routed.payload.index_copy_(0, pos + self.header_pos, then.counts.reshape(-1))
 
     def finish(self, pending: PendingIds) -> LocalLookups:
-        """Wait for the payload, then build the TBE groups' inputs."""
+        """Wait for the payload, then build the TBE groups' inputs (and next_counts when the payload carries
+        them)."""
         pending.work.wait()
-        return self.receive(pending.recv, pending.recv_counts, pending.n_codes)
+        return self.receive(pending.recv, pending.recv_counts, pending.n_codes, pending.carries_next)
 
     def send_sizes(self, counts: torch.Tensor) -> torch.Tensor:
         """Payload elements for each destination."""

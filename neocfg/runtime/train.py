@@ -32,7 +32,7 @@ from neocfg.runtime.dlrm import (DDP_OPTIONS, build_dense, dense_autocast, make_
                                  set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import build_layout
-from neocfg.runtime.routing import PendingIds
+from neocfg.runtime.routing import LocalLookups, PendingIds, Routed
 from neocfg.runtime.metrics import evaluate
 from neocfg.runtime.timing import StepTimes, Stopwatch
 
@@ -93,8 +93,10 @@ class Trainer:
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
                                      id_group=id_group)
-        # The pipelined step's look-ahead: the next batch, its ids in flight, the data position before it.
-        self.ahead: Optional[tuple[Batch, PendingIds, dict[str, Any]]] = None
+        # The pipelined step's look-ahead (_pipelined_batch): this step's batch with its ids in flight, and the
+        # next batch routed, each with the data position before it.
+        self.inflight: Optional[tuple[Batch, PendingIds, dict[str, Any]]] = None
+        self.queued: list[tuple[Batch, Routed, dict[str, Any]]] = []
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
         self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None,
@@ -119,7 +121,8 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         # the data position of the last batch trained (not of a look-ahead batch, which a resume reads again)
-        data = self.ahead[2] if self.ahead is not None else self.source.state_dict()
+        ahead = [self.inflight] if self.inflight is not None else self.queued
+        data = ahead[0][2] if ahead else self.source.state_dict()
         return {"step": self.step, "embeddings": self.emb.shard_state(), "dense": self.dense.state_dict(),
                 "dense_optimizer": self.opt.state_dict(), "rng": rng_state(), "data": data,
                 "losses": list(self.losses)}
@@ -136,35 +139,57 @@ class Trainer:
         self.opt.load_state_dict(st["dense_optimizer"])
         set_rng_state(st["rng"])
         self.source.load_state_dict(st["data"])
-        self.ahead = None
+        self.inflight, self.queued = None, []
         self.losses = list(st["losses"])
         self.step = step
         return True
 
     # ------------------------------------------------------------ steps
 
+    def _fetch(self, route: bool) -> tuple[Batch, Optional[Routed], dict[str, Any]]:
+        """The next batch from the source (and its ids routed), with the data position before it."""
+        with self.sw("data_wait"):
+            state = self.source.state_dict()
+            batch = to_device(self.source.next_batch(), self.device)
+        if not route:
+            return batch, None, state
+        with self.sw("comm_input"):
+            return batch, self.emb.route_ids(batch), state
+
+    def _pipelined_batch(self) -> tuple[Batch, LocalLookups]:
+        """This step's batch and its lookups, pipelined (TorchRec's TrainPipelineSparseDist): batch s's ids were
+        sent during step s-1 and travelled (async, on their own group) while it computed. Batch s+2 is fetched and
+        routed here, batch s's ids received, and batch s+1's sent, with their split sizes from batch s's payload
+        headers (which carry the next batch's counts) and batch s+2's counts in their own headers: one id
+        all-to-all per step. The first step (or the first after a restore) exchanges its counts first."""
+        s, steps, sw = self.step, self.cfg.train.steps, self.sw
+        if self.inflight is None:
+            batch, routed, state = self._fetch(route=True)
+            self.queued = [self._fetch(route=True)] if s + 1 < steps else []
+            with sw("comm_input"):
+                then = self.queued[0][1] if self.queued else None
+                self.inflight = (batch, self.emb.send_ids(routed, then=then), state)
+        if s + 2 < steps:
+            self.queued.append(self._fetch(route=True))
+        batch, pending, _ = self.inflight
+        with sw("comm_input"):
+            lookups = self.emb.finish_ids(pending)
+            self.inflight = None
+            if self.queued:
+                nxt, routed, state = self.queued.pop(0)
+                then = self.queued[0][1] if self.queued else None
+                self.inflight = (nxt, self.emb.send_ids(routed, lookups.next_counts, then), state)
+        return batch, lookups
+
     def train_step(self) -> tuple[torch.Tensor, StepTimes]:
         sw = self.sw
         sw.times = StepTimes()
         t0 = sw.now()
-        pipelined = self.cfg.train.pipeline
-        if pipelined and self.ahead is not None:
-            batch, pending, _ = self.ahead
-            self.ahead = None
+        if self.cfg.train.pipeline:
+            batch, lookups = self._pipelined_batch()
         else:
-            with sw("data_wait"):
-                batch = to_device(self.source.next_batch(), self.device)
-            pending = None
-        if pipelined and self.step + 1 < self.cfg.train.steps:
-            # TrainPipelineSparseDist: the next batch's ids travel (async, on their own group) while this one computes
-            with sw("data_wait"):
-                state = self.source.state_dict()
-                nxt = to_device(self.source.next_batch(), self.device)
-            with sw("comm_input"):
-                if pending is None:
-                    pending = self.emb.start_ids(batch)
-                self.ahead = (nxt, self.emb.start_ids(nxt), state)
-        pooled = self.emb(batch, pending)
+            batch, lookups = self._fetch(route=False)[0], None
+        pooled = self.emb(batch, lookups)
         t_dense = sw.now()
         with dense_autocast(self.cfg.train.dense_precision, self.device):
             logits = self.ddp(batch.dense, pooled)
