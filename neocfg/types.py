@@ -75,6 +75,17 @@ class DenseOptimizer(Enum):
     adam = "adam"
 
 
+class DenseGradSync(Enum):
+    """How the dense gradients are averaged over ranks. ddp: DistributedDataParallel's bucketed all-reduce; exchange:
+    in the embeddings' backward all-to-all (one collective fewer; each rank sends world x the dense gradients);
+    auto: exchange when that is small (neocfg.runtime.dlrm.DENSE_FOLD_MAX_BYTES) and the plan has an all-to-all
+    output, else ddp."""
+
+    auto = "auto"
+    ddp = "ddp"
+    exchange = "exchange"
+
+
 class DensePrecision(Enum):
     """Math of the dense part (MLPs, interaction). tf32: fp32 storage, TF32 tensor-core matmuls on CUDA (plain fp32 on
     a CPU); bf16: autocast to bfloat16."""

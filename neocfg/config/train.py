@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from neocfg.config import checks
-from neocfg.types import DenseOptimizer, DensePrecision, SparseOptimizer
+from neocfg.types import DenseGradSync, DenseOptimizer, DensePrecision, SparseOptimizer
 
 
 @dataclass
@@ -26,6 +26,10 @@ class TrainConfig:
     # Pipelined step (TorchRec's TrainPipelineSparseDist): the next batch's ids are sent to their owners while the
     # current batch computes; the same losses and weights as without it.
     pipeline: bool = True
+    # How the dense gradients are averaged over ranks: ddp (DDP's all-reduce), exchange (they ride in the
+    # embeddings' backward all-to-all: one collective fewer per step), auto (exchange while world x dense bytes is
+    # small, see neocfg.types.DenseGradSync).
+    dense_grad_sync: DenseGradSync = DenseGradSync.auto
     # Exact per-category step times: synchronize the device at every stopwatch mark (removes overlap; GPU only).
     profile: bool = False
     log_every: int = 10

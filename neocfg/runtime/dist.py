@@ -169,12 +169,18 @@ class ChunkGather:
 
 class EmbeddingExchange(torch.autograd.Function):
     """(a2a_part [W,B,A], rs_part [W,B,R], hier_part [W,B,H]) on the owners -> pooled [B, sum dims] on the sources
-    (zeros in the columns of data-parallel tables)."""
+    (zeros in the columns of data-parallel tables).
+
+    rider (optional, needs an all-to-all part): the dense gradients (neocfg.runtime.dlrm.DenseGrads), complete when
+    this backward runs (the caller's job); they travel in the backward all-to-all, appended to every destination's
+    piece as raw fp32 bits whatever a2a_bwd_dtype, and come back averaged over ranks: no all-reduce of their own."""
 
     @staticmethod
-    def forward(ctx, xp: ExchangePlan, a2a_part: torch.Tensor, rs_part: torch.Tensor,
+    def forward(ctx, xp: ExchangePlan, rider, a2a_part: torch.Tensor, rs_part: torch.Tensor,
                 hier_part: torch.Tensor) -> torch.Tensor:
-        ctx.xp = xp
+        if rider is not None and xp.out_to_a2a is None:
+            raise ValueError("EmbeddingExchange: dense gradients can only ride in an all-to-all")
+        ctx.xp, ctx.rider = xp, rider
         comm, b = xp.comm, xp.batch_size
         with xp.stopwatch("comm_fwd"):
             if xp.a2a_to_out is not None:
@@ -196,21 +202,30 @@ class EmbeddingExchange(torch.autograd.Function):
         xp: ExchangePlan = ctx.xp
         comm, b = xp.comm, xp.batch_size
         g = grad_out * xp.grad_scale
-        grads = [None, None, None, None]
+        grads = [None, None, None, None, None]
         with xp.stopwatch("comm_bwd"):
             if xp.out_to_a2a is not None:
-                send = xp.out_to_a2a(g)    # [B, total_dim] -> source-major pieces
+                send = xp.out_to_a2a(g).to(xp.bwd_dtype)    # [B, total_dim] -> source-major pieces
                 me = xp.a2a_widths[comm.rank]
-                recv = comm.all_to_all(send.to(xp.bwd_dtype), [b * me] * comm.world,
-                                       [b * w for w in xp.a2a_widths])
-                grads[1] = recv.to(g.dtype).view(comm.world, b, me)
+                mine, theirs = [b * me] * comm.world, [b * w for w in xp.a2a_widths]
+                if ctx.rider is None:
+                    recv = comm.all_to_all(send, mine, theirs)
+                    grads[2] = recv.to(g.dtype).view(comm.world, b, me)
+                else:
+                    extra = ctx.rider.flat.view(xp.bwd_dtype)       # the fp32 bits, in wire-dtype elements
+                    k = extra.numel()
+                    send = torch.cat([t for piece in send.split(theirs) for t in (piece, extra)])
+                    recv = comm.all_to_all(send, [n + k for n in mine], [n + k for n in theirs])
+                    recv = recv.view(comm.world, b * me + k)
+                    ctx.rider.average(recv[:, b * me:].contiguous().view(torch.float32))
+                    grads[2] = recv[:, :b * me].to(g.dtype).reshape(comm.world, b, me)
             if xp.rs_target.numel():
                 piece = g.index_select(1, xp.rs_target).to(xp.bwd_dtype)
-                grads[2] = comm.all_gather(piece).to(g.dtype)
+                grads[3] = comm.all_gather(piece).to(g.dtype)
             if xp.hier_target.numel():
                 piece = g.index_select(1, xp.hier_target).to(xp.bwd_dtype)
-                grads[3] = _hier_backward(xp, piece)
-                grads[3] = grads[3].to(g.dtype) if grads[3] is not None else None
+                hier = _hier_backward(xp, piece)
+                grads[4] = hier.to(g.dtype) if hier is not None else None
         return tuple(grads)
 
 

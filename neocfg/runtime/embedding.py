@@ -114,9 +114,14 @@ class ShardedEmbeddings(nn.Module):
         """Wait for sent ids; what this rank's TBEs look up."""
         return self.router.finish(pending)
 
-    def forward(self, batch: Batch, lookups: Optional[LocalLookups] = None) -> torch.Tensor:
+    @property
+    def has_all_to_all(self) -> bool:
+        """Some pooled outputs come back by all-to-all (dense gradients can ride in its backward)."""
+        return self.xp.out_to_a2a is not None
+
+    def forward(self, batch: Batch, lookups: Optional[LocalLookups] = None, rider=None) -> torch.Tensor:
         """Pooled embeddings of the batch; `lookups`: its ids already received (the pipelined step), else they are
-        exchanged here."""
+        exchanged here; `rider`: dense gradients to average in the backward all-to-all (EmbeddingExchange)."""
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
         if lookups is None:
             with sw("comm_input"):
@@ -131,7 +136,7 @@ class ShardedEmbeddings(nn.Module):
                 pooled = _GradArrival.apply(sw, pooled)
             parts = [pooled.view(w, b, -1) if whole else pooled.index_select(1, cols).view(w, b, -1)
                      for cols, whole in zip(self.source_cols, self.whole_part)]
-        out = EmbeddingExchange.apply(self.xp, *parts)
+        out = EmbeddingExchange.apply(self.xp, rider, *parts)
         if self.dp_target.numel():
             with sw("emb_fwd"):
                 out = out.index_add(1, self.dp_target, self.replicated(batch))

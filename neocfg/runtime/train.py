@@ -1,7 +1,9 @@
-"""One rank's training: build the sharded embeddings and the DDP dense part, run the steps, evaluate, checkpoint.
+"""One rank's training: build the sharded embeddings and the data-parallel dense part, run the steps, evaluate,
+checkpoint.
 
-Objective: the mean BCE over the global batch (world x batch_size samples). DDP averages the dense gradients over
-ranks; EmbeddingExchange scales the embedding gradients by 1/world; so a sharded run follows the same trajectory
+Objective: the mean BCE over the global batch (world x batch_size samples). DDP (or, for a small dense part, the
+embeddings' backward all-to-all: train.dense_grad_sync) averages the dense gradients over ranks; EmbeddingExchange
+scales the embedding gradients by 1/world; so a sharded run follows the same trajectory
 as one process training the unsharded model on the global batch.
 """
 
@@ -28,8 +30,8 @@ from neocfg.errors import ConfigError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm
-from neocfg.runtime.dlrm import (DDP_OPTIONS, build_dense, dense_autocast, make_dense_optimizer,
-                                 set_matmul_precision)
+from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_autocast, fold_dense_grads,
+                                 make_dense_optimizer, set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.routing import LocalLookups, PendingIds, Routed
@@ -99,9 +101,15 @@ class Trainer:
         self.queued: list[tuple[Batch, Routed, dict[str, Any]]] = []
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
-        self.ddp = DistributedDataParallel(self.dense, device_ids=[device.index] if device.type == "cuda" else None,
-                                           **DDP_OPTIONS)
-        self.opt = make_dense_optimizer(self.ddp.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
+        n_dense = sum(p.numel() for p in self.dense.parameters())
+        # The dense gradients ride in the embeddings' backward all-to-all (DenseGrads), or DDP all-reduces them.
+        self.dense_grads: Optional[DenseGrads] = None
+        if fold_dense_grads(tc.dense_grad_sync, n_dense, self.world, self.emb.has_all_to_all):
+            self.dense_grads, self.model = DenseGrads(self.dense), self.dense
+        else:
+            self.model = DistributedDataParallel(self.dense, **DDP_OPTIONS,
+                                                 device_ids=[device.index] if device.type == "cuda" else None)
+        self.opt = make_dense_optimizer(self.dense.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
                                             pin_memory=device.type == "cuda")
@@ -189,15 +197,23 @@ class Trainer:
             batch, lookups = self._pipelined_batch()
         else:
             batch, lookups = self._fetch(route=False)[0], None
-        pooled = self.emb(batch, lookups)
+        folded = self.dense_grads is not None
+        pooled = self.emb(batch, lookups, self.dense_grads)
         t_dense = sw.now()
+        # folded: the dense backward first, on its own, so that the dense gradients are complete when the
+        # embeddings' backward all-to-all carries them
+        dense_in = pooled.detach().requires_grad_() if folded else pooled
         with dense_autocast(self.cfg.train.dense_precision, self.device):
-            logits = self.ddp(batch.dense, pooled)
+            logits = self.model(batch.dense, dense_in)
         loss = F.binary_cross_entropy_with_logits(logits.float(), batch.labels)
-        self.opt.zero_grad(set_to_none=True)
+        if folded:
+            self.dense_grads.zero()
+        else:
+            self.opt.zero_grad(set_to_none=True)
         sw.grad_arrival = None
-        t_bwd = sw.now()
         loss.backward()
+        if folded:
+            pooled.backward(dense_in.grad)
         t_end_bwd = sw.now()
         self.opt.step()
         t_end = sw.now()
@@ -205,7 +221,8 @@ class Trainer:
         # the bottom MLP's backward possibly interleaved, ends with backward.
         if sw.grad_arrival is not None:
             sw.span("emb_bwd", sw.grad_arrival, t_end_bwd)
-        # Dense: forward, backward (with DDP's all-reduce) and the optimizer step, less what the embeddings took.
+        # Dense: forward, backward (with DDP's all-reduce) and the optimizer step, less what the embeddings took
+        # (folded: the dense gradients' averaging is in comm_bwd).
         sw.span("dense", t_dense, t_end)
         sw.subtract("dense", "comm_bwd", "emb_bwd")
         sw.span("total", t0, t_end)
@@ -215,14 +232,14 @@ class Trainer:
     def predict(self, batches: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Held-out logits and labels of every rank (gathered on all ranks)."""
         source = make_source(self.cfg, self.rank, self.world, eval=True)
-        self.ddp.eval()
+        self.dense.eval()
         logits, labels = [], []
         for _ in range(batches):
             batch = to_device(source.next_batch(), self.device)
             with dense_autocast(self.cfg.train.dense_precision, self.device):
-                logits.append(self.ddp.module(batch.dense, self.emb(batch)).float())
+                logits.append(self.dense(batch.dense, self.emb(batch)).float())
             labels.append(batch.labels)
-        self.ddp.train()
+        self.dense.train()
         source.close()
         local = torch.stack([torch.cat(logits), torch.cat(labels)]) if logits else torch.zeros(2, 0)
         everyone = self.comm.all_gather(local.float()).cpu()
