@@ -179,6 +179,30 @@ def test_embedding_overhead_hand_computed():
     assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 1).total == 0.0
 
 
+def test_data_parallel_all_reduce_latency(table):
+    """The data-parallel gradient all-reduce's fixed time: one collective's latency unless the preset measures it
+    (cpu_local: hardware.all_reduce_latency_us, gloo's in-step all-reduce); in the fixed costs and in the DP terms
+    that metrics.json sets beside the runtime's dp_update / comm_dp laps."""
+    from neocfg.planner.estimate import replica_backward_ms
+    from neocfg.runtime.plans import rule_plan
+    S = ShardingType
+    unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD))
+    # ids (2 collectives x 0.1 ms) + the all-reduce (0.1 ms) + 12 exchange kernels x 0.01 ms + routing 40 x 0.01 ms
+    assert unset.embedding_overhead_ms([S.data_parallel]).comm == approx(2 * 0.1 + 0.1 + 12 * 0.01 + 40 * 0.01)
+    cfg = round_cfg(TABLE, *OVERHEAD, "hardware.all_reduce_latency_us=350")
+    measured = CostModel.from_config(cfg)
+    assert measured.embedding_overhead_ms([S.data_parallel]).comm == approx(2 * 0.1 + 0.35 + 12 * 0.01 + 40 * 0.01)
+    # other kinds keep collective_latency_us: TW + DP = ids 2 + outputs 2 collectives x 0.1 ms + the all-reduce
+    assert measured.collectives_latency_ms([S.table_wise, S.data_parallel]) == approx(4 * 0.1 + 0.35)
+    # the DP table's backward as metrics.json predicts it: the all-reduce's 0.35 ms + 2 x its fp32 gradient's bytes
+    # at the reduce-scatter rate; its lookups' backward (2 x forward: B*L rows x 16 x 4 B at 1000 GB/s) + 12 passes
+    plan = rule_plan(cfg.model, world=8, devices_per_node=4, batch_size=100, sharding=S.data_parallel)
+    compute, comm = replica_backward_ms(cfg, plan)
+    assert comm == approx(0.35 + 2 * 1000 * 16 * 4 * RS)
+    assert compute == approx(2 * 100 * 2 * 16 * 4 / 1000e9 * 1e3 + 12 * 1000 * 16 * 4 / 1000e9 * 1e3)
+    assert replica_backward_ms(cfg, rule_plan(cfg.model, world=8, devices_per_node=4, batch_size=100)) == (0.0, 0.0)
+
+
 def test_routing_per_id(table):
     """The router's per-id passes ride on the ids a piece receives; replicas route nothing."""
     base = CostModel.from_config(round_cfg(TABLE))

@@ -38,3 +38,39 @@ def test_dense_tbe_gradient_is_embedding_bags_and_backward_does_not_warn():
     torch.testing.assert_close(tbe.weights.grad, flat.grad)
     assert tbe.weights.grad.abs().sum() > 0
 
+
+
+def test_backward_laps(tmp_path, monkeypatch):
+    """The replicas' backward has laps of its own (metrics.json's dp_update and comm_dp, which the step takes out of
+    "dense"): the dense gradient (from the output gradient's arrival to the hook) and the update in dp_update, the
+    all-reduce in comm_dp. A 30 ms pause in each part must land in its own lap only."""
+    import time
+
+    import torch.distributed as dist
+
+    from neocfg.batch import Batch
+    from neocfg.runtime.replicated import ReplicatedEmbeddings
+    from neocfg.runtime.timing import StepTimes, Stopwatch
+    from neocfg.types import SparseOptimizer
+
+    pause_s = 0.03
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        sw = Stopwatch(torch.device("cpu"))
+        rep = ReplicatedEmbeddings([0, 1], [10, 7], [4, 8], SparseOptimizer.exact_rowwise_adagrad, 0.1, 0,
+                                   torch.device("cpu"), None, 1, sw)
+        all_reduce = dist.all_reduce
+        monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: (time.sleep(pause_s), all_reduce(*a, **k))[1])
+        # runs after the TBE's backward, before the gradient is accumulated (and the hook fires): gradient time
+        rep.tbe.weights.register_hook(lambda g: time.sleep(pause_s))
+        lengths = torch.tensor([[2, 0, 1], [1, 3, 1]])
+        batch = Batch(dense=torch.zeros(3, 1), lengths=lengths, values=torch.tensor([1, 9, 4, 0, 6, 6, 2, 5]),
+                      labels=torch.zeros(3), sample_ids=torch.arange(3))
+        before = rep.tbe.weights.detach().clone()
+        sw.times = StepTimes()
+        rep(batch).sum().backward()
+        ms = pause_s * 1e3
+        assert ms <= sw.times.dp_update < 2 * ms and ms <= sw.times.comm_dp < 2 * ms, sw.times
+        assert not torch.equal(rep.tbe.weights.detach(), before)   # the update ran
+    finally:
+        dist.destroy_process_group()

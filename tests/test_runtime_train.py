@@ -49,6 +49,10 @@ def test_train_writes_metrics(cli, tmp_path):
     assert m["final_loss_mean_last_10"] < m["initial_loss"]
     assert m["eval_auc"] > 0.6 and m["eval_ne"] < 1.0
     assert m["predicted_step_ms"] == 10.0 and m["measured_step_ms"] > 0
+    # the data-parallel tables' backward has laps of its own (out of "dense"), beside the planner's terms for it
+    assert m["breakdown_ms"]["dp_update"] > 0 and m["breakdown_ms"]["comm_dp"] > 0
+    assert m["predicted_vs_measured_ms"]["dp_all_reduce"][1] == m["breakdown_ms"]["comm_dp"]
+    assert m["predicted_vs_measured_ms"]["dp_all_reduce"][0] > 0
     # The synthetic source has no stall clock of its own: the stall is the measured data wait over the step time.
     assert 0.0 <= m["data_stall_fraction"] < 1.0 and m["samples_delivered"] == 60 * 64 * 2
     assert m["duplicate_samples"] == 0 and m["dpp"]["workers"] == 0

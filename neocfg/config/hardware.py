@@ -119,6 +119,11 @@ class HardwareConfig:
     # the backend and interconnect (NCCL over NVLink ~10-30 us, over RDMA across nodes more; gloo over loopback TCP
     # ~0.1-1 ms). The default is NCCL's small-message all-to-all latency within a node (nccl-tests).
     collective_latency_us: float = 25.0
+    # Fixed time of the data-parallel tables' gradient all-reduce in a training step (neocfg/runtime/replicated.py:
+    # one all-reduce, on a group of its own, inside backward), microseconds; unset: collective_latency_us (NCCL's
+    # small-message all-reduce within a node is no slower than its all-to-all). cpu_local: measured (gloo's ring
+    # all-reduce is two dependent exchanges, a reduce-scatter then an all-gather, each waking the peer's thread).
+    all_reduce_latency_us: Optional[float] = None
 
     @property
     def num_devices(self) -> int:
@@ -138,5 +143,7 @@ class HardwareConfig:
         checks.positive(f"{key}.intra_node_bandwidth_gbs", self.intra_node_bandwidth_gbs)
         checks.positive(f"{key}.inter_node_bandwidth_gbs", self.inter_node_bandwidth_gbs)
         checks.non_negative(f"{key}.collective_latency_us", self.collective_latency_us)
+        if self.all_reduce_latency_us is not None:
+            checks.non_negative(f"{key}.all_reduce_latency_us", self.all_reduce_latency_us)
         if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
             raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

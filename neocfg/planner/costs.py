@@ -11,7 +11,8 @@ Comm     all-to-all from/to every device: bytes x (fraction within the node / in
 Overhead fixed costs the byte and FLOP terms miss, which dominate small models and CPU ranks: every collective
          costs hardware.collective_latency_us (alpha) on top of its bytes (beta); every kernel (op) costs
          hardware.device.kernel_overhead_us. Counted per step from what the runtime issues: embedding collectives by
-         the sharding types in the plan (`embedding_collectives`), the id routing (a constant number of ops per step,
+         the sharding types in the plan (`embedding_collectives`; the data-parallel gradient all-reduce at
+         hardware.all_reduce_latency_us, `collectives_latency_ms`), the id routing (a constant number of ops per step,
          hardware.device.routing_us_per_step, plus routing_ns_per_id per id received), kernels of the output exchange
          and around the fused lookups (`embedding_overhead_ms`), kernels per dense layer and DDP buckets
          (`dense_cost`). Data-parallel replicas also pass over their whole fp32 table every step (gradient and
@@ -36,7 +37,7 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.planner.types import Perf, Storage, Topology
-from neocfg.sharding import SCHEMES, PieceShape, Routing, ceil_div, embedding_collectives
+from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
 from neocfg.types import (DataSource, DenseOptimizer, DeviceKind, Interaction, MemoryTier, ShardingType,
                           SparseOptimizer, WeightsDtype)
 
@@ -73,6 +74,13 @@ def zipf_hit_rate(num_rows: int, alpha: float, cache_ratio: float) -> float:
     if cached >= num_rows:
         return 1.0
     return generalized_harmonic(cached, alpha) / generalized_harmonic(num_rows, alpha)
+
+
+def all_reduce_latency_us(cfg: NeocfgConfig) -> float:
+    """The data-parallel gradient all-reduce's fixed time per step: the preset's measurement, else one collective's
+    (NCCL's small-message all-reduce is no slower than its all-to-all within a node)."""
+    hw = cfg.hardware
+    return hw.collective_latency_us if hw.all_reduce_latency_us is None else hw.all_reduce_latency_us
 
 
 def routing_us_per_step(cfg: NeocfgConfig) -> float:
@@ -112,6 +120,7 @@ class CostModel:
     hbm_capacity: int         # usable bytes of device memory per device for embeddings
     host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
     collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
+    all_reduce_latency_ms: float = 0.0   # ... of the data-parallel gradient all-reduce
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
     routing_ms_per_step: float = 0.0     # host time of the id routing per step (IdRouter: constant ops)
     routing_ms_per_id: float = 0.0       # ... and per id received
@@ -133,7 +142,9 @@ class CostModel:
             peak_tflops=hw.device.peak_tflops_at(cfg.train.dense_precision), cache_ratio=pl.cache_ratio,
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
             sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
-            collective_latency_ms=hw.collective_latency_us / 1e3, kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
+            collective_latency_ms=hw.collective_latency_us / 1e3,
+            all_reduce_latency_ms=all_reduce_latency_us(cfg) / 1e3,
+            kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
             routing_ms_per_step=routing_us_per_step(cfg) / 1e3, routing_ms_per_id=hw.device.routing_ns_per_id / 1e6,
             exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
                                        else 0.0),
@@ -163,13 +174,21 @@ class CostModel:
         return t * MS / self.consts.comm_efficiency
 
     # ---- fixed per-step costs of the embedding part (the same on every device: all take part) ---------------
+    def collectives_latency_ms(self, shardings: Iterable[ShardingType]) -> float:
+        """The embedding collectives' fixed time per step: collective_latency_ms for each the plan's kinds issue
+        (`embedding_collectives`), but the data-parallel tables' all-reduce at all_reduce_latency_ms."""
+        shardings = set(shardings)
+        replicated = {s for s in shardings if SCHEMES[s].kind is OutputKind.replicated}
+        alpha = embedding_collectives(shardings - replicated) * self.collective_latency_ms
+        return alpha + (self.all_reduce_latency_ms if replicated else 0.0)
+
     def embedding_overhead_ms(self, shardings: Iterable[ShardingType], groups: int = 0) -> Perf:
         """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types, the device
         holding `groups` fused lookup groups (one TBE per weights precision x memory tier). Communication: the
         collectives' latency, the id routing (a constant number of ops per step: the IdRouter) and the output
         exchange's kernels; compute: the kernels of each TBE call. No term grows with the number of table pieces."""
         c = self.consts
-        alpha = embedding_collectives(shardings) * self.collective_latency_ms
+        alpha = self.collectives_latency_ms(shardings)
         exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_step
         tbe = c.tbe_kernels_per_group * groups * self.kernel_overhead_ms
         # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward

@@ -22,6 +22,7 @@ from neocfg.planner.costs import GIB, CostModel, dense_cost
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.options import SLICED
 from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult
+from neocfg.types import ShardingType
 
 GIVEN_STATUS = "given plan, rated without solving (no lower bound)"
 
@@ -70,9 +71,28 @@ def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str, check_memory: bool = T
     return size_dpp(cfg, rated)
 
 
+def replica_backward_ms(cfg: NeocfgConfig, plan: Plan) -> tuple[float, float]:
+    """The data-parallel tables' backward on every device as the cost model prices it (what the runtime's
+    dp_update and comm_dp laps measure): (their lookups' backward and replica_update_ms; their gradient all-reduce,
+    bytes and its collective's latency). (0, 0) without data-parallel tables."""
+    dp = ShardingType.data_parallel
+    tables = [t for t in cfg.model.tables if plan.table(t.name).sharding is dp]
+    if not tables:
+        return 0.0, 0.0
+    cost = CostModel.from_config(cfg)
+    compute, comm = 0.0, cost.all_reduce_latency_ms
+    for t in tables:
+        tp = plan.table(t.name)
+        shape = cost.shape(t, dp, 1)
+        perf = cost.compute(t, shape, tp.memory, tp.weights_dtype) + cost.replica_update_ms(dp, shape)
+        compute += perf.bwd_compute
+        comm += cost.comm(t, dp, shape).bwd_comm
+    return compute, comm
+
+
 def rate_plan_file(cfg: NeocfgConfig, path: str | Path) -> Plan:
     plan = load_plan_file(path, cfg.model, cfg.hardware.num_devices)
     return rate_plan(cfg, plan, str(path))
 
 
-__all__ = ["rate_plan", "rate_plan_file", "placements_of", "PlanError"]
+__all__ = ["rate_plan", "rate_plan_file", "placements_of", "replica_backward_ms", "PlanError"]

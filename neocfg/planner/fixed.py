@@ -56,7 +56,8 @@ class FixedCosts:
     def of(cost: CostModel) -> "FixedCosts":
         base = cost.embedding_overhead_ms((), 0).total
         group = cost.embedding_overhead_ms((), 1).total - base
-        kinds = tuple((ks, n * cost.collective_latency_ms) for ks, n in collective_groups())
+        kinds = tuple((ks, cost.collectives_latency_ms(ks) - cost.collectives_latency_ms(()))
+                      for ks, _ in collective_groups())
         return FixedCosts(base_ms=base, kinds=kinds, group_ms=group)
 
     @property

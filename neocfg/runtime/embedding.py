@@ -92,7 +92,7 @@ class ShardedEmbeddings(nn.Module):
         self.dp_target = layout.target_columns(OutputKind.replicated).to(device)
         self.replicated = ReplicatedEmbeddings(layout.tables_of(OutputKind.replicated), layout.rows, layout.dims,
                                                train.sparse_optimizer, train.sparse_learning_rate, seed, device,
-                                               dp_group, comm.world)
+                                               dp_group, comm.world, stopwatch)
 
     def route_ids(self, batch: Batch) -> Routed:
         """A batch's ids, arranged for their owners (not sent yet)."""

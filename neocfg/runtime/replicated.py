@@ -23,6 +23,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBat
 
 from neocfg.batch import Batch
 from neocfg.runtime.init_weights import init_rows
+from neocfg.runtime.timing import Stopwatch
 from neocfg.types import SparseOptimizer
 
 # fbgemm's default Adagrad epsilon (SplitTableBatchedEmbeddingBagsCodegen(eps=1.0e-8)), so replicas and sharded
@@ -56,13 +57,31 @@ def _autograd_fallthrough() -> "torch.library.Library | None":
 _FALLTHROUGH = _autograd_fallthrough()   # kept alive: the registration lasts as long as the Library object
 
 
+class _BackwardStart(torch.autograd.Function):
+    """Identity; backward notes when the replicas' output gradient arrives (the start of their backward: the dense
+    table gradient, then the all-reduce and update in the hook, before the exchange's backward runs)."""
+
+    @staticmethod
+    def forward(ctx, owner: "ReplicatedEmbeddings", x: torch.Tensor) -> torch.Tensor:
+        ctx.owner = owner
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        ctx.owner.t_backward = ctx.owner.sw.now()
+        return None, g
+
+
 class ReplicatedEmbeddings(nn.Module):
     """forward(batch) -> pooled [B, sum of the data-parallel tables' dims] of this rank's own samples."""
 
     def __init__(self, tables: list[int], rows: list[int], dims: list[int], optimizer: SparseOptimizer, lr: float,
-                 seed: int, device: torch.device, group, world: int) -> None:
+                 seed: int, device: torch.device, group, world: int, stopwatch: Stopwatch | None = None) -> None:
+        """stopwatch: where the backward's laps go (dp_update: dense gradient and update; comm_dp: all-reduce)."""
         super().__init__()
         self.tables, self.optimizer, self.lr, self.group, self.world = tables, optimizer, lr, group, world
+        self.sw = stopwatch or Stopwatch(torch.device("cpu"))   # host clock, laps nobody reads
+        self.t_backward = None
         self.shapes = [(rows[t], dims[t]) for t in tables]
         self.perm = torch.tensor(tables, dtype=torch.long, device=device)
         self.perm32 = self.perm.to(torch.int32)
@@ -101,13 +120,20 @@ class ReplicatedEmbeddings(nn.Module):
         lengths, values = batch.lengths.long(), batch.values.long()
         ids = _permute_1d(self.perm32, lengths.sum(dim=1), values, None, None)[1]
         offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.index_select(0, self.perm).reshape(-1))
-        return self.tbe(ids, offsets)
+        out = self.tbe(ids, offsets)
+        return _BackwardStart.apply(self, out) if out.requires_grad else out
 
     @torch.no_grad()
     def _all_reduce_and_update(self, weights: torch.Tensor) -> None:
+        sw, t_grad = self.sw, self.sw.now()
+        if self.t_backward is not None:
+            sw.span("dp_update", self.t_backward, t_grad)
+            self.t_backward = None
         g = weights.grad
         g.mul_(self.grad_scale)
-        dist.all_reduce(g, group=self.group)         # one collective for every data-parallel table
+        with sw("comm_dp"):
+            dist.all_reduce(g, group=self.group)         # one collective for every data-parallel table
+        t_update = sw.now()
         if self.optimizer is SparseOptimizer.exact_sgd:
             weights.sub_(self.lr * g)
         elif self.optimizer is SparseOptimizer.exact_adagrad:
@@ -119,6 +145,7 @@ class ReplicatedEmbeddings(nn.Module):
             step = self.lr / (self.state.sqrt() + ADAGRAD_EPS)
             weights.sub_(step.index_select(0, self.row_of) * g)
         weights.grad = None
+        sw.span("dp_update", t_update, sw.now())
 
     # ------------------------------------------------------------ state (checkpoints, tests)
 

@@ -79,8 +79,9 @@ def render(m: dict[str, Any]) -> str:
     b = m["breakdown_ms"]
     if m.get("timed_steps", 1):
         lines.append("  step breakdown (ms, mean over ranks): " + ", ".join(
-            f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense", "comm_bwd",
-                                        "emb_bwd", "total")))
+            f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense", "dp_update",
+                                        "comm_dp", "comm_bwd", "emb_bwd", "total")
+            if k in b and (b[k] or k not in ("dp_update", "comm_dp"))))   # the replicas' laps where there are any
     else:
         lines.append(f"  step breakdown: not measured (the first {m['warmup_steps']} steps of a run are warm-up;"
                      f" train more steps to see it); the step time below includes the warm-up")

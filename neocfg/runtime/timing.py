@@ -27,6 +27,9 @@ class StepTimes:
     comm_input: float = 0.0
     comm_fwd: float = 0.0
     comm_bwd: float = 0.0
+    # data-parallel replicas' backward (runtime/replicated.py): their dense gradient and update; their all-reduce
+    dp_update: float = 0.0
+    comm_dp: float = 0.0
     dense: float = 0.0
     total: float = 0.0
 

@@ -222,9 +222,10 @@ class Trainer:
         if sw.grad_arrival is not None:
             sw.span("emb_bwd", sw.grad_arrival, t_end_bwd)
         # Dense: forward, backward (with DDP's all-reduce) and the optimizer step, less what the embeddings took
-        # (folded: the dense gradients' averaging is in comm_bwd).
+        # (folded: the dense gradients' averaging is in comm_bwd; the replicas' backward runs inside it too, before
+        # the exchange's).
         sw.span("dense", t_dense, t_end)
-        sw.subtract("dense", "comm_bwd", "emb_bwd")
+        sw.subtract("dense", "comm_bwd", "emb_bwd", "dp_update", "comm_dp")
         sw.span("total", t0, t_end)
         return loss.detach(), sw.times
 
@@ -330,6 +331,19 @@ class Trainer:
         if "data_stall_fraction" not in data:  # sources without their own stall clock: wait over step time
             data["data_stall_fraction"] = breakdown["data_wait"] / measured_ms if measured_ms > 0 else 0.0
         emb_compute_ms, emb_comm_ms = self.plan.estimate.embedding_terms_ms(self.plan.devices)
+        terms = {
+            "embedding_compute": [emb_compute_ms, breakdown["emb_fwd"] + breakdown["emb_bwd"] + breakdown["dp_update"]],
+            "embedding_comm": [emb_comm_ms, breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]
+                               + breakdown["comm_dp"]],
+            "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
+            # producing the batches (beside the step in the prefetch thread, or waited for)
+            "data": [self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run)]}
+        if self.emb.replicated.tables:   # the data-parallel tables' backward, inside the embedding terms above
+            from neocfg.planner.estimate import replica_backward_ms
+
+            dp_compute_ms, dp_comm_ms = replica_backward_ms(self.cfg, self.plan)
+            terms |= {"dp_update": [dp_compute_ms, breakdown["dp_update"]],
+                      "dp_all_reduce": [dp_comm_ms, breakdown["comm_dp"]]}
         metrics = {
             "model": self.cfg.model.name, "world_size": world, "batch_size_per_rank": tc.batch_size,
             "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
@@ -347,13 +361,7 @@ class Trainer:
             "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
             "plan_batch_size_per_device": self.plan.batch_size_per_device,
             # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
-            "predicted_vs_measured_ms": {
-                "embedding_compute": [emb_compute_ms, breakdown["emb_fwd"] + breakdown["emb_bwd"]],
-                "embedding_comm": [emb_comm_ms,
-                                   breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]],
-                "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
-                # producing the batches (beside the step in the prefetch thread, or waited for)
-                "data": [self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run)]},
+            "predicted_vs_measured_ms": terms,
             "prediction_error": ((measured_ms - predicted) / predicted) if predicted else None,
             "a2a_fwd_dtype": self.plan.a2a_fwd_dtype.value, "a2a_bwd_dtype": self.plan.a2a_bwd_dtype.value,
             "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
