@@ -39,13 +39,17 @@ def rule_plan(model: ModelConfig, *, world: int, devices_per_node: int, batch_si
               weights_dtype: WeightsDtype = WeightsDtype.fp32, memory: MemoryTier = MemoryTier.hbm,
               a2a_fwd_dtype: CommDtype = CommDtype.fp32, a2a_bwd_dtype: CommDtype = CommDtype.fp32,
               step_ms: float = 0.0) -> Plan:
-    """A Plan with every table (or each table by name, from a mapping) sharded as given."""
+    """A Plan with every table (or each table by name, from a mapping) sharded as given; data-parallel tables in
+    fp32 whatever weights_dtype (their replicas are stored so, and plan_check refuses anything else)."""
+    from neocfg.planner.options import DP_DTYPES
+
     tables = []
     for i, t in enumerate(model.tables):
         st = sharding if isinstance(sharding, ShardingType) else sharding[t.name]
         rks = list((ranks or {}).get(t.name) or default_ranks(st, i, world, devices_per_node))
+        dtype = weights_dtype if st is not ShardingType.data_parallel or weights_dtype in DP_DTYPES else DP_DTYPES[0]
         tables.append(TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                                sharding=st, memory=memory, weights_dtype=weights_dtype,
+                                sharding=st, memory=memory, weights_dtype=dtype,
                                 shards=table_shards(st, t.num_embeddings, t.embedding_dim, rks)))
     devices = tuple(DeviceEstimate(rank=r, hbm_bytes=0, host_bytes=0, compute_ms=0.0, comm_ms=0.0, total_ms=step_ms)
                     for r in range(world))
