@@ -8,7 +8,8 @@ Parts: collectives (gloo alone: latency, bandwidth), step_collectives (a collect
 ranks), tbe (neocfg.runtime.embedding.make_tbe over dlrm_tiny's tables and synthetic ids), dense (a bare MLP and the
 1024^3 matmul peak), runtime_dense (neocfg's DenseArch under DDP with the fused optimizer), router (the IdRouter
 alone), replica_update (a data-parallel replica's gradient and update), synthetic (batch generation alone), train (a
-short mode=train run with its collectives, router and batch production timed per call). Most quantities are a fit
+short mode=train run with its collectives, router and batch production timed per call), dp_all_reduce (the
+data-parallel tables' all-reduce inside a mode=train step, two replica sizes). Most quantities are a fit
 t = a + b x over two or more sizes (a: fixed cost, b: per byte, FLOP, id or sample). Run it on an otherwise idle
 machine; other jobs inflate everything, and even then repeated runs spread by 20-50 % on a shared VM: repeat it and
 take medians.
@@ -500,6 +501,49 @@ def train(repeats: int) -> dict[str, object]:
             "synthetic_fixed_us": d_a * 1e3, "synthetic_us_per_sample": d_b * 1e3}
 
 
+# Data-parallel table sets of TRAIN_MODEL (the rest table-wise): 38 KB and 5.1 MB of fp32 replicas.
+DP_SETS = (("t3", "t7"), ("t2", "t4", "t6"))
+
+
+def _dp_rank(env, cfg, plan, steps: int) -> dict[str, float]:
+    """One rank of a short mode=train run: its replicas' all-reduce per step (the comm_dp lap, after warm-up)."""
+    from neocfg.runtime.train import WARMUP_STEPS, Trainer
+
+    trainer = Trainer(cfg, plan, None, env.device)
+    laps = []
+    for _ in range(steps):
+        _, times = trainer.train_step()
+        trainer.step += 1
+        laps.append(times.comm_dp)
+    trainer.source.close()
+    return {"comm_dp_ms": statistics.mean(laps[WARMUP_STEPS:])}
+
+
+def dp_all_reduce(repeats: int) -> dict[str, object]:
+    """The data-parallel tables' gradient all-reduce as mode=train meets it (neocfg/runtime/replicated.py's hook
+    inside backward, on a group of its own; the comm_dp lap): TRAIN_MODEL at 256 samples per rank with each of
+    DP_SETS data-parallel, fit t = a + b x replica bytes (a: hardware.all_reduce_latency_us)."""
+    from neocfg.runtime.launch import launch
+    from neocfg.runtime.plans import rule_plan
+    from neocfg.types import ShardingType
+    from common import compose_cfg
+
+    steps = max(40, repeats * 2)
+    cfg = compose_cfg([f"model={TRAIN_MODEL}", "mode=train", "train.batch_size=256", f"train.steps={steps}",
+                       "train.eval_batches=0"])
+    points = {}
+    for dp in DP_SETS:
+        plan = rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=256,
+                         sharding={t.name: ShardingType.data_parallel if t.name in dp else ShardingType.table_wise
+                                   for t in cfg.model.tables})
+        nbytes = sum(t.num_embeddings * t.embedding_dim * 4 for t in cfg.model.tables if t.name in dp)
+        runs = launch(_dp_rank, (cfg, plan, steps), world=2, backend=cfg.hardware.backend, timeout_s=600)
+        points[nbytes] = _mean(runs)["comm_dp_ms"]
+    a, b = fit([float(x) for x in points], list(points.values()))
+    return {"model": TRAIN_MODEL, "steps": steps, "comm_dp_ms": {str(k): v for k, v in points.items()},
+            "load_avg_1m": os.getloadavg()[0], "latency_us": a * 1e3, "ms_per_mb": b * 1e6}
+
+
 def _concurrent_worker(rank: int, part: str, repeats: int, out: str) -> None:
     res = PARTS[part](repeats)
     Path(f"{out}.{rank}").write_text(json.dumps(res))
@@ -536,7 +580,7 @@ def only(part: str, repeats: int, ranks: int) -> None:
         res = concurrent(part, repeats, ranks)
     else:
         res = {"collectives": collectives, "step_collectives": step_collectives, "runtime_dense": runtime_dense,
-               "train": train}[part](repeats)
+               "train": train, "dp_all_reduce": dp_all_reduce}[part](repeats)
     print(json.dumps(res, indent=1))
 
 
@@ -556,6 +600,7 @@ def preset(res: dict) -> dict[str, float]:
         per_op.append((d["fixed_us"] - allreduce_us) / d["planner_kernels"])
     return {
         "collective_latency_us": round(latency_us),
+        "all_reduce_latency_us": round(res["dp_all_reduce"]["latency_us"]),
         "intra_node_bandwidth_gbs": round(res["collectives"]["all_to_all"]["gbs"], 3),
         "device.hbm_bandwidth_gbs": round(t["hbm_bandwidth_gbs_for_preset"], 2),
         "device.peak_tflops": round(peak, 3),
@@ -581,7 +626,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out")
-    ap.add_argument("--only", choices=["collectives", "step_collectives", "runtime_dense", "train", *PARTS])
+    ap.add_argument("--only", choices=["collectives", "step_collectives", "runtime_dense", "train", "dp_all_reduce",
+                                       *PARTS])
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring the single-rank parts at once (mode=train's)")
     a = ap.parse_args()
     if a.only:
@@ -589,7 +635,7 @@ def main() -> None:
     res = {"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
            "load_avg_1m": os.getloadavg()[0], "ranks": a.ranks, "collectives": collectives(a.repeats),
            "step_collectives": step_collectives(a.repeats), "runtime_dense": runtime_dense(a.repeats),
-           "train": train(a.repeats), **{part: concurrent(part, a.repeats, a.ranks) for part in PARTS}}
+           "train": train(a.repeats), "dp_all_reduce": dp_all_reduce(a.repeats), **{part: concurrent(part, a.repeats, a.ranks) for part in PARTS}}
     res["preset"] = preset(res)
     text = json.dumps(res, indent=1)
     print(text)
