@@ -6,6 +6,7 @@ batch 256 per rank, through mode=train's own entry (neocfg.runtime.run.run), onc
 samples/s and data_wait + comm_input as a share of the step (issue 9 asks <= 10% for both).
 
     .venv/bin/python bench/bench_856.py [--steps 20] [--sharding table_wise,row_wise] [--out 856.json]
+        [--set train.ids_ahead=false ...]   (extra config overrides, e.g. the ids exchanged in the step)
 """
 
 from __future__ import annotations
@@ -26,12 +27,12 @@ ROWS_CAP = 20_000
 DIM = 16
 
 
-def config(sharding: str, steps: int, batch: int) -> NeocfgConfig:
+def config(sharding: str, steps: int, batch: int, extra: tuple[str, ...] = ()) -> NeocfgConfig:
     cfg = compose_cfg(["model=prod_856", "hardware=cpu_local", "mode=train", f"train.steps={steps}",
                        f"train.batch_size={batch}", "train.eval_batches=0", f"train.log_every={steps}",
                        f"planner.sharding_types=[{sharding}]", "model.interaction=dcn", "model.dcn_low_rank_dim=16",
                        "model.dcn_num_layers=1", "model.bottom_mlp=[64,16]", "model.top_mlp=[64,1]",
-                       "model.planning_only=false"])
+                       "model.planning_only=false", *extra])
     tables = [dataclasses.replace(t, embedding_dim=DIM, num_embeddings=min(t.num_embeddings, ROWS_CAP))
               for t in cfg.model.tables]
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, tables=tables))
@@ -42,12 +43,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--sharding", default="table_wise,row_wise")
+    ap.add_argument("--set", nargs="*", default=[], help="extra config overrides")
     ap.add_argument("--out")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for sharding in a.sharding.split(","):
-            m = run(config(sharding, a.steps, a.batch), Path(tmp) / sharding)
+            m = run(config(sharding, a.steps, a.batch, tuple(a.set)), Path(tmp) / sharding)
             b = m["breakdown_ms"]
             share = (b["data_wait"] + b["comm_input"]) / m["measured_step_ms"]
             rows.append({"sharding": sharding, "samples_per_s": m["samples_per_s"],
@@ -57,7 +59,7 @@ def main() -> None:
                   f"data_wait {b['data_wait']:.1f} ms + comm_input {b['comm_input']:.1f} ms = {share:.1%} "
                   f"(target <= 10%)", file=sys.stderr)
     emit({"bench": "prod_856_shaped_cpu_local", "rows_cap": ROWS_CAP, "dim": DIM, "batch_per_rank": a.batch,
-          "steps": a.steps, "runs": rows}, a.out)
+          "steps": a.steps, "overrides": a.set, "runs": rows}, a.out)
 
 
 if __name__ == "__main__":

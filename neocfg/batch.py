@@ -7,6 +7,7 @@ Sparse features are laid out like TorchRec's KeyedJaggedTensor: for T tables and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -18,6 +19,9 @@ class Batch:
     values: torch.Tensor       # [sum(lengths)] int64, ids in each table's own row space
     labels: torch.Tensor       # [B] float32 in {0, 1}
     sample_ids: torch.Tensor   # [B] int64, unique over the dataset
+    # Work its consumer did on it ahead of the step, in the data source's prefetch thread (Prefetcher.prepare_with;
+    # the sharded embeddings' routed ids), or None.
+    prepared: Any = None
 
     @property
     def batch_size(self) -> int:

@@ -93,9 +93,12 @@ CASES = {
     "twcw_2x2": (4, ADAGRAD, S.table_column_wise, {}),
     "rw_4": (4, ROWWISE, S.row_wise, {}),
     "mixed_4": (4, ADAGRAD, MIXED_4, {}),
-    # every case above runs the pipelined step (train.pipeline=true, the default); these two run without it
-    "mixed_unpipelined": (2, ADAGRAD, MIXED_2, {}, ("train.pipeline=false",)),
-    "mixed_4_unpipelined": (4, ADAGRAD, MIXED_4, {}, ("train.pipeline=false",)),
+    # every case above runs the pipelined step (train.pipeline=true, the default) with the ids exchanged in the
+    # prefetch thread (train.ids_ahead=true, the default on CPU ranks); these run the plain step with the ids
+    # exchanged in it, and the pipelined step with the next batch's ids sent in it (what GPU ranks do)
+    "mixed_unpipelined": (2, ADAGRAD, MIXED_2, {}, ("train.pipeline=false", "train.ids_ahead=false")),
+    "mixed_4_unpipelined": (4, ADAGRAD, MIXED_4, {}, ("train.pipeline=false", "train.ids_ahead=false")),
+    "mixed_in_step": (2, ADAGRAD, MIXED_2, {}, ("train.ids_ahead=false",)),
 }
 FP16_CASES = {"fp16_comm", "bf16_comm", "fp16_weights"}
 
@@ -169,12 +172,17 @@ def test_metrics_of_a_sharded_run(results):
     for k in ("data_wait", "emb_fwd", "emb_bwd", "comm_input", "comm_fwd", "comm_bwd", "dense", "total"):
         assert m["breakdown_ms"][k] >= 0
     assert len(m["breakdown_ms_per_rank"]) == 2
+    # every batch's ids were exchanged in the prefetch thread (train.ids_ahead), on both ranks; none without it
+    assert m["data"]["batches_prepared"] >= 2 * STEPS
+    assert results["mixed_in_step"][0].metrics["data"]["batches_prepared"] == 0
 
 
-@pytest.mark.parametrize("name", ["mixed", "mixed_4"])
-def test_pipelined_step_equals_the_plain_one(results, name):
-    """The pipelined step only moves the next batch's ids earlier: the same losses and weights, bit for bit."""
-    piped, plain = results[name][0], results[f"{name}_unpipelined"][0]
+@pytest.mark.parametrize("name,other", [("mixed", "mixed_unpipelined"), ("mixed_4", "mixed_4_unpipelined"),
+                                        ("mixed_in_step", "mixed_unpipelined")])
+def test_pipelined_step_equals_the_plain_one(results, name, other):
+    """The pipelined step only moves the next batch's ids earlier (in the step, or in the prefetch thread): the same
+    losses and weights as the plain step, bit for bit."""
+    piped, plain = results[name][0], results[other][0]
     assert piped.losses == plain.losses
     assert all(torch.equal(a, b) for a, b in zip(piped.tables, plain.tables))
     assert all(torch.equal(piped.dense[k], plain.dense[k]) for k in plain.dense)

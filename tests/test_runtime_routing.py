@@ -87,3 +87,57 @@ def test_encoding_follows_length_entries_against_ids():
     plan = rule_plan(cfg.model, world=4, devices_per_node=2, batch_size=B, sharding=S.table_wise)
     assert IdRouter(build_layout(plan, cfg.model, 0), B, torch.device("cpu"), RwEncoding.codes).encoding \
         is RwEncoding.lengths   # nothing row-sharded: no codes to send
+
+
+@pytest.fixture
+def one_rank_gloo():
+    """A world of one gloo rank in this process (for the embeddings' id exchange)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
+def test_ids_exchanged_ahead_are_the_ones_the_step_looks_up(one_rank_gloo):
+    """ShardedEmbeddings.prepare (run in the prefetch thread under train.ids_ahead) exchanges a batch's ids; forward
+    looks those up (no exchange in the step), equal to an exchange in the step, and only the embeddings whose router
+    made them use them."""
+    import torch.distributed as dist
+
+    from neocfg.data.source import Prefetcher, SyntheticSource
+    from neocfg.data.synthetic import SyntheticData
+    from neocfg.runtime.dist import Comm
+    from neocfg.runtime.embedding import ShardedEmbeddings
+    from neocfg.runtime.routing import Exchanged
+    from neocfg.runtime.timing import Stopwatch
+
+    cfg = compose_cfg(["train.batch_size=8"])
+    plan = rule_plan(cfg.model, world=1, devices_per_node=1, batch_size=8,
+                     sharding={t.name: s for t, s in zip(cfg.model.tables, MIX)})
+    layout = build_layout(plan, cfg.model, 0)
+
+    def embeddings():
+        return ShardedEmbeddings(layout, Comm(one_rank_gloo, 0, 1), cfg.train, 8, plan.a2a_fwd_dtype,
+                                 plan.a2a_bwd_dtype, torch.device("cpu"), Stopwatch(torch.device("cpu")), seed=0,
+                                 dp_group=dist.new_group(), id_group=dist.new_group(), ahead_group=dist.new_group())
+
+    emb, other = embeddings(), embeddings()
+    source = Prefetcher(SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, 8))
+    source.prepare_with(emb.prepare)
+    batch = source.next_batch()
+    source.close()
+    assert isinstance(batch.prepared, Exchanged)            # exchanged in the thread already
+    ahead = emb.exchanged_ahead(batch)
+    assert ahead is batch.prepared.lookups
+    plain = dataclasses.replace(batch, prepared=None)
+    fresh = emb.finish_ids(emb.start_ids(plain))
+    assert len(fresh.per_group) == len(ahead.per_group) == len(layout.me.groups)
+    for (gi, go), (wi, wo) in zip(ahead.per_group, fresh.per_group):
+        assert torch.equal(gi, wi) and torch.equal(go, wo)
+    assert other.exchanged_ahead(batch) is None               # another router's exchange is not used
+    sent = []
+    emb.start_ids = lambda b: sent.append(b) or type(emb).start_ids(emb, b)
+    with torch.no_grad():
+        assert torch.equal(emb(batch), emb(plain))
+    assert sent == [plain]                                    # the prepared batch was not exchanged again

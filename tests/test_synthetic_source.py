@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -109,3 +111,22 @@ def test_prefetcher_hands_out_the_same_batches_and_resumes_where_it_was():
     assert stats["samples_delivered"] == 4 * 24 and stats["data_wait_seconds"] >= 0
     for s in (pre, resumed):
         s.close()
+
+
+def test_prefetcher_prepares_every_batch_in_its_thread():
+    """prepare_with(fn): fn runs on every batch in the prefetch thread (the trainer's id exchange runs there)."""
+    seen = []
+
+    def prepare(batch):
+        seen.append(threading.current_thread().name)
+        return dataclasses.replace(batch, prepared=int(batch.sample_ids[0]))
+
+    plain, pre = _source(), Prefetcher(_source())
+    pre.prepare_with(prepare)
+    for _ in range(3):
+        a, b = plain.next_batch(), pre.next_batch()
+        assert b.prepared == int(a.sample_ids[0]) and (a.values == b.values).all()
+    assert all(name.startswith("neocfg-prefetch") for name in seen) and len(seen) >= 3
+    stats = pre.stats()
+    assert stats["batches_prepared"] == len(seen) and stats["data_prepare_seconds"] >= 0
+    pre.close()

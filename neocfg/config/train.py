@@ -26,6 +26,10 @@ class TrainConfig:
     # Pipelined step (TorchRec's TrainPipelineSparseDist): the next batch's ids are sent to their owners while the
     # current batch computes; the same losses and weights as without it.
     pipeline: bool = True
+    # CPU ranks: the data source's prefetch thread also exchanges each batch's ids (route, send, receive) while the
+    # steps before it run, on a process group of its own (the step then neither routes nor waits for ids, so
+    # `pipeline` has nothing left to do); the same losses and weights as without it. GPU ranks route on the device.
+    ids_ahead: bool = True
     # How the dense gradients are averaged over ranks: ddp (DDP's all-reduce), exchange (they ride in the
     # embeddings' backward all-to-all: one collective fewer per step), auto (exchange while world x dense bytes is
     # small, see neocfg.types.DenseGradSync).

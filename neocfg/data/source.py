@@ -68,7 +68,9 @@ class SyntheticSource:
 class Prefetcher:
     """Prepares the next batch of `inner` in a background thread while the caller's step runs.
 
-    At most one batch is in flight. state_dict() is the inner source's state right after the last batch handed
+    At most one batch is in flight. prepare_with(fn) makes the thread also run fn on every batch it produces (the
+    consumer's own work on a batch that needs nothing else, e.g. the trainer's id exchange), so that it overlaps the
+    step too. state_dict() is the inner source's state right after the last batch handed
     out was produced (so a resume neither skips nor repeats the prefetched batch); stats() counts as data wait only
     the time next_batch() blocked on the thread.
     """
@@ -80,11 +82,24 @@ class Prefetcher:
         self.delivered_state = inner.state_dict()
         self.wait_s = 0.0
         self.delivered = 0
+        self.prepare: Optional[Callable[[Batch], Batch]] = None
+        self.prepared = 0
+        self.prepare_s = 0.0
+
+    def prepare_with(self, fn: Callable[[Batch], Batch]) -> None:
+        """Run fn(batch) -> batch in the prefetch thread on every batch produced after this call (call it before
+        the first next_batch: a batch already in flight would be handed out without it)."""
+        self.prepare = fn
 
     def _produce(self) -> tuple[Batch, dict[str, Any]]:
         batch = self.inner.next_batch()
         if self.pin_memory:
             batch = batch.pin_memory()
+        if self.prepare is not None:
+            t0 = time.perf_counter()
+            batch = self.prepare(batch)
+            self.prepare_s += time.perf_counter() - t0
+            self.prepared += 1
         return batch, self.inner.state_dict()
 
     def next_batch(self) -> Batch:
@@ -115,6 +130,9 @@ class Prefetcher:
         out["data_produce_seconds"] = out.get("data_wait_seconds", 0.0)
         out["data_wait_seconds"] = self.wait_s
         out["samples_delivered"] = self.delivered
+        # prepare_with's function: batches (in-flight ones included) and seconds (beside the step, like production)
+        out["batches_prepared"] = self.prepared
+        out["data_prepare_seconds"] = self.prepare_s
         return out
 
     def close(self) -> None:

@@ -3,6 +3,7 @@ optimizer fused into its backward, fed by the id exchange and returning through 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 import torch
@@ -19,7 +20,7 @@ from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
 from neocfg.runtime.replicated import ReplicatedEmbeddings
-from neocfg.runtime.routing import IdRouter, LocalLookups, PendingIds, Routed
+from neocfg.runtime.routing import Exchanged, IdRouter, LocalLookups, PendingIds, Routed
 
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
 EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
@@ -69,7 +70,9 @@ class ShardedEmbeddings(nn.Module):
 
     def __init__(self, layout: Layout, comm: Comm, train: TrainConfig, batch_size: int, fwd_dtype: CommDtype,
                  bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int, dp_group=None,
-                 id_group=None) -> None:
+                 id_group=None, ahead_group=None) -> None:
+        """id_group: the step's id exchange (default comm.group); ahead_group: prepare()'s, in the data source's
+        thread (None: no prepare)."""
         super().__init__()
         self.layout, self.comm, self.device, self.stopwatch = layout, comm, device, stopwatch
         self.batch_size = batch_size
@@ -84,6 +87,7 @@ class ShardedEmbeddings(nn.Module):
             self.tbes.append(tbe)
         self.router = IdRouter(layout, batch_size, device)
         self.id_group = comm.group if id_group is None else id_group
+        self.ahead_group = ahead_group
         self.source_cols = [layout.source_columns(k).to(device) for k in EXCHANGED]
         # every column, in order, feeds one kind (e.g. table-wise only): that part is the output itself, no copy
         width = sum(s.num_cols for s in layout.me.features)
@@ -93,6 +97,24 @@ class ShardedEmbeddings(nn.Module):
         self.replicated = ReplicatedEmbeddings(layout.tables_of(OutputKind.replicated), layout.rows, layout.dims,
                                                train.sparse_optimizer, train.sparse_learning_rate, seed, device,
                                                dp_group, comm.world, stopwatch)
+
+    def prepare(self, batch: Batch) -> Batch:
+        """The batch with its ids already exchanged (IdRouter.exchange on the ahead group: route, counts and payload
+        all-to-alls, receive), for the data source's prefetch thread to run ahead of the step
+        (Prefetcher.prepare_with; every rank's thread prepares the same sequence of batches, so their collectives
+        pair up on a group of their own); forward() then looks the ids up at once. A batch of the wrong size is
+        left for the step to refuse."""
+        if self.ahead_group is None:
+            raise RuntimeError("ShardedEmbeddings.prepare needs the ahead_group given at construction")
+        if batch.batch_size != self.batch_size:
+            return batch
+        return dataclasses.replace(batch, prepared=Exchanged(self.router, self.router.exchange(self.ahead_group,
+                                                                                                batch)))
+
+    def exchanged_ahead(self, batch: Batch) -> Optional[LocalLookups]:
+        """The batch's lookups if prepare() exchanged its ids (with this router), else None."""
+        done = batch.prepared
+        return done.lookups if isinstance(done, Exchanged) and done.router is self.router else None
 
     def route_ids(self, batch: Batch) -> Routed:
         """A batch's ids, arranged for their owners (not sent yet)."""
@@ -120,9 +142,12 @@ class ShardedEmbeddings(nn.Module):
         return self.xp.out_to_a2a is not None
 
     def forward(self, batch: Batch, lookups: Optional[LocalLookups] = None, rider=None) -> torch.Tensor:
-        """Pooled embeddings of the batch; `lookups`: its ids already received (the pipelined step), else they are
-        exchanged here; `rider`: dense gradients to average in the backward all-to-all (EmbeddingExchange)."""
+        """Pooled embeddings of the batch; `lookups`: its ids already received (the pipelined step), else those
+        prepare() received, else they are exchanged here; `rider`: dense gradients to average in the backward
+        all-to-all (EmbeddingExchange)."""
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
+        if lookups is None:
+            lookups = self.exchanged_ahead(batch)
         if lookups is None:
             with sw("comm_input"):
                 lookups = self.finish_ids(self.start_ids(batch))

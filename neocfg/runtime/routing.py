@@ -89,6 +89,15 @@ class PendingIds:
 
 
 @dataclass
+class Exchanged:
+    """A batch's ids exchanged ahead of its step (ShardedEmbeddings.prepare, in the data source's prefetch thread)
+    by `router`: what this rank's TBEs look up."""
+
+    router: "IdRouter"
+    lookups: LocalLookups
+
+
+@dataclass
 class Routed:
     """A step's ids on their way: the payload for every destination (destination-major) and its per-destination
     counts [world, 2] = (ids, codes)."""

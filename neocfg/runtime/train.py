@@ -90,11 +90,14 @@ class Trainer:
         self.layout = build_layout(plan, cfg.model, self.rank)
         # data-parallel replicas all-reduce their gradient on a group of their own too
         dp_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
-        # ... and so do the ids, which the pipelined step sends while the exchange and DDP use theirs
+        # ... and so do the ids, which the pipelined step sends while the exchange and DDP use theirs, and the ids
+        # the prefetch thread exchanges ahead of the step (train.ids_ahead, CPU ranks; see below)
         id_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        ahead = tc.ids_ahead and device.type == "cpu"
+        ahead_group = dist.new_group(backend=dist.get_backend(), timeout=timeout) if ahead else None
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
-                                     id_group=id_group)
+                                     id_group=id_group, ahead_group=ahead_group)
         # The pipelined step's look-ahead (_pipelined_batch): this step's batch with its ids in flight, and the
         # next batch routed, each with the data position before it.
         self.inflight: Optional[tuple[Batch, PendingIds, dict[str, Any]]] = None
@@ -113,6 +116,12 @@ class Trainer:
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
                                             pin_memory=device.type == "cuda")
+        # train.ids_ahead (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
+        # TorchRec's input dist, a batch ahead), overlapping the step; on a GPU they are routed on the device
+        prepare_with = getattr(self.source, "prepare_with", None)
+        self.ids_ahead = ahead_group is not None and prepare_with is not None
+        if self.ids_ahead:
+            prepare_with(self.emb.prepare)
         self.losses: list[float] = []
         self.step = 0
         ckpt_root = Path(tc.checkpoint_dir) if tc.checkpoint_dir else (run_dir / "checkpoints" if run_dir else None)
@@ -193,7 +202,7 @@ class Trainer:
         sw = self.sw
         sw.times = StepTimes()
         t0 = sw.now()
-        if self.cfg.train.pipeline:
+        if self.cfg.train.pipeline and not self.ids_ahead:   # (ids_ahead: the batch comes with its lookups)
             batch, lookups = self._pipelined_batch()
         else:
             batch, lookups = self._fetch(route=False)[0], None
