@@ -14,7 +14,7 @@ from conftest import compose_cfg
 from neocfg.batch import Batch
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.plans import rule_plan
-from neocfg.runtime.routing import IdRouter, RwEncoding, choose_encoding, deliver
+from neocfg.runtime.routing import IdRouter, RwEncoding, choose_encoding, deliver, id_dtype
 from neocfg.types import ShardingType as S, WeightsDtype
 
 B = 5
@@ -50,10 +50,11 @@ MIX = [S.table_wise, S.row_wise, S.data_parallel, S.column_wise, S.table_row_wis
        S.row_wise, S.table_wise]
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("encoding", [*RwEncoding])
 @pytest.mark.parametrize("sharding", [*S, "mix"])
 @pytest.mark.parametrize("world,b", [(2, B), (4, B), (4, 4)])
-def test_router_delivers_the_reference_bags(sharding, world, b, encoding):
+def test_router_delivers_the_reference_bags(sharding, world, b, encoding, dtype):
     cfg = compose_cfg(["model.tables.7.num_embeddings=3", "model.tables.1.num_embeddings=10",
                        "model.tables.6.num_embeddings=10"])
     sh = {t.name: s for t, s in zip(cfg.model.tables, MIX)} if sharding == "mix" else sharding
@@ -63,7 +64,7 @@ def test_router_delivers_the_reference_bags(sharding, world, b, encoding):
             dataclasses.replace(t, weights_dtype=WeightsDtype.fp16) if i % 2 == 0 else t
             for i, t in enumerate(plan.tables)))
     layouts = [build_layout(plan, cfg.model, r) for r in range(world)]
-    routers = [IdRouter(lay, b, torch.device("cpu"), encoding) for lay in layouts]
+    routers = [IdRouter(lay, b, torch.device("cpu"), encoding, dtype) for lay in layouts]
     batches = [_batch(cfg, 10 * world + r, b) for r in range(world)]
     routed = [rt.route(bt) for rt, bt in zip(routers, batches)]
     for r in range(world):
@@ -72,6 +73,23 @@ def test_router_delivers_the_reference_bags(sharding, world, b, encoding):
         assert len(got) == len(want)
         for (gi, go), (wi, wo) in zip(got, want):
             assert torch.equal(go, wo) and torch.equal(gi, wi), (r, gi, wi)
+            assert gi.dtype == go.dtype == dtype      # the TBEs' indices and offsets, as they travelled
+
+
+def test_ids_travel_as_int32_when_they_fit():
+    """int32 unless a table's rows or a bag code (features of a rank x world x batch) reach 2^31 - 1."""
+    cfg = compose_cfg([])
+    plan = rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=B, sharding=S.row_wise)
+    layout = build_layout(plan, cfg.model, 0)
+    assert id_dtype(layout, B) is torch.int32 and IdRouter(layout, B, torch.device("cpu")).dtype is torch.int32
+    n_f = max(len(r.features) for r in layout.ranks)
+    assert id_dtype(layout, (2**31 - 2) // (n_f * 2)) is torch.int32
+    assert id_dtype(layout, (2**31 - 1) // (n_f * 2) + 1) is torch.int64
+    tables = list(cfg.model.tables)
+    big = dataclasses.replace(cfg.model, tables=[dataclasses.replace(tables[0], num_embeddings=2**31 - 1)]
+                              + tables[1:])
+    plan = rule_plan(big, world=2, devices_per_node=2, batch_size=B, sharding=S.row_wise)
+    assert id_dtype(build_layout(plan, big, 0), B) is torch.int64
 
 
 def test_encoding_follows_length_entries_against_ids():

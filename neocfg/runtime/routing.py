@@ -57,6 +57,8 @@ _bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
 # ranks, all 856 tables row-wise) lengths took 10 ms and codes 35 ms; at 18 per id (128 ranks, 100 tables row-wise)
 # lengths 27 ms and codes 5.3 ms. The switch lies between; 1 is not measured more closely.
 LENGTH_ENTRIES_PER_ID = 1.0
+# Values below this travel as int32 (id_dtype): offsets of the ids of one step too must fit (2^31 - 1 ids).
+ID32_LIMIT = 2**31 - 1
 # Elements at the front of every destination's payload: the next batch's (ids, codes) counts for that destination
 # when the pipelined step sends them (send(then=...)), else zeros.
 HEADER = 2
@@ -110,10 +112,19 @@ def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
 
 
-def _offsets(lengths: torch.Tensor) -> torch.Tensor:
-    """fbgemm offsets [0, cumsum...] of the bags' lengths."""
+def _offsets(lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fbgemm offsets [0, cumsum...] of the bags' lengths, in `dtype` (the indices')."""
     flat = lengths.reshape(-1)
-    return torch.cat([flat.new_zeros(1), torch.cumsum(flat, 0)])
+    return torch.cat([flat.new_zeros(1, dtype=dtype), torch.cumsum(flat, 0, dtype=dtype)])
+
+
+def id_dtype(layout: Layout, batch_size: int) -> torch.dtype:
+    """int32 for the ids, lengths and bag codes the router moves (half the bytes of int64 through every pass, the
+    all-to-all and the TBEs' inputs) when every value fits: rows of every table, and bag codes (features of a rank
+    x world x batch size); else int64."""
+    most_features = max((len(r.features) for r in layout.ranks), default=0)
+    largest = max([*layout.rows, most_features * layout.world * batch_size, 1])
+    return torch.int32 if largest < ID32_LIMIT else torch.int64
 
 
 def choose_encoding(layout: Layout) -> RwEncoding:
@@ -133,13 +144,18 @@ class IdRouter:
     """Built once per (layout, batch size); route() and receive() run a constant number of ops per step."""
 
     def __init__(self, layout: Layout, batch_size: int, device: torch.device,
-                 encoding: Optional[RwEncoding] = None) -> None:
+                 encoding: Optional[RwEncoding] = None, dtype: Optional[torch.dtype] = None) -> None:
+        """encoding, dtype: choose_encoding's and id_dtype's choice unless given (tests, benchmarks)."""
         self.world, self.rank, self.b = layout.world, layout.rank, batch_size
         self.encoding = choose_encoding(layout) if encoding is None else encoding
         self.device = device
+        self.dtype = id_dtype(layout, batch_size) if dtype is None else dtype
         b, world, n_tables = batch_size, layout.world, len(layout.rows)
         lt = dict(dtype=torch.long, device=device)
         whole = Routing.whole_table
+        # whole-table pieces anywhere: the batch's lengths and ids are payload segments (else left out of it)
+        self.has_whole = any(layout.routings[t] is whole for t in range(n_tables))
+        n_wt = n_tables if self.has_whole else 0
         # ---- row-sharded tables (in table order) and their pieces: piece (range j, table i) = j * n_rw + i, the
         # order block_bucketize_sparse_features groups ids in
         self.rw_tables = [t for t in range(n_tables) if layout.routings[t] is Routing.by_row]
@@ -153,7 +169,7 @@ class IdRouter:
             for j, (d, s) in enumerate(hs):
                 piece_of[(d, self.rw_tables[i], s.row_offset)] = j * n_rw + i
         self.rw_block = torch.tensor([row_block(layout.rows[t], len(h)) for t, h in zip(self.rw_tables, holders)],
-                                     **lt)
+                                     dtype=self.dtype, device=device)
         self.rw_perm = torch.tensor(self.rw_tables, **lt)
         self.rw_perm32 = self.rw_perm.to(torch.int32)
         self.rw_all = self.rw_tables == list(range(n_tables))
@@ -162,12 +178,13 @@ class IdRouter:
             self.encoding = RwEncoding.lengths    # nothing row-sharded: whole-table lengths and ids only
         codes = self.encoding is RwEncoding.codes
         self.shift = b.bit_length() - 1 if b & (b - 1) == 0 else None   # B a power of two: shifts, not divisions
-        # ---- the payload: segments of src = [lengths of every table (T x B) | row-sharded lengths (lengths:
-        # n_pieces x B) or piece counts (codes: one per held piece, destination-major) | batch ids (T) |
-        # row-sharded ids (per piece; codes: per held piece, destination-major) | codes (one per destination)]
+        # ---- the payload: segments of src = [lengths of every table (T x B; none without whole-table pieces) |
+        # row-sharded lengths (lengths: n_pieces x B) or piece counts (codes: one per held piece,
+        # destination-major) | batch ids (T; none without whole-table pieces) | row-sharded ids (per piece; codes:
+        # per held piece, destination-major) | codes (one per destination) | headers (one per destination)]
         n_rwl = len(piece_of) if codes else n_pieces      # segments of row-sharded lengths or counts, and ids
-        seg_rwl, seg_ids = n_tables, n_tables + n_rwl
-        seg_rwv = seg_ids + n_tables
+        seg_rwl, seg_ids = n_wt, n_wt + n_rwl
+        seg_rwv = seg_ids + n_wt
         seg_codes = seg_rwv + n_rwl
         seg_header = seg_codes + (world if codes else 0)
         perm, perm_dest, head = [], [], []
@@ -204,7 +221,7 @@ class IdRouter:
         self.header_pos = torch.arange(HEADER, **lt).repeat(world)
         self.code_key = torch.tensor(code_key, dtype=torch.int16 if len(key_piece) < 2**15 else torch.int32,
                                      device=device)
-        self.code_base = torch.tensor(code_base, **lt)
+        self.code_base = torch.tensor(code_base, dtype=self.dtype, device=device)
         self.key_piece = torch.tensor(key_piece, **lt)
         self.key_dest = torch.tensor(key_dest, **lt)
         self.n_pieces = n_pieces
@@ -238,8 +255,9 @@ class IdRouter:
         return f, bag - f * self.b
 
     def route(self, batch: Batch) -> Routed:
-        lengths, values = batch.lengths.long(), batch.values.long()
-        totals = lengths.sum(dim=1)                                            # ids per table
+        dt = self.dtype
+        lengths, values = batch.lengths.to(dt), batch.values.to(dt)
+        totals = lengths.sum(dim=1)                                            # ids per table (int64)
         if self.n_rw:
             if self.rw_all:
                 lr, vr = lengths, values
@@ -250,9 +268,8 @@ class IdRouter:
                 # ids grouped by (row range, table, sample), in order, rebased: pieces j * n_rw + i, [B] lengths each
                 rw_lens, rw_ids = _bucketize(lr.reshape(-1), vr, False, False, self.rw_block, self.parts)[:2]
                 piece_n = rw_lens.view(self.n_pieces, self.b).sum(dim=1)
-                n_codes = values.new_zeros(self.world)
-                src = [lengths.reshape(-1), rw_lens, values, rw_ids]
-                sizes = [self.lengths_segs, self.rwl_segs, totals, piece_n]
+                n_codes = totals.new_zeros(self.world)
+                src, sizes = [rw_lens, rw_ids], [self.rwl_segs, piece_n]
             else:
                 n = vr.numel()
                 t, sample = self._bag_of_ids(lr, n)
@@ -262,20 +279,22 @@ class IdRouter:
                 key = self.code_key.index_select(0, piece)                     # destination-major piece order
                 order = torch.sort(key, stable=True)[1]
                 rw_ids = (vr - bucket * blk).index_select(0, order)
-                codes = (self.code_base.index_select(0, piece) + sample).index_select(0, order)
+                codes = (self.code_base.index_select(0, piece) + sample.to(dt)).index_select(0, order)
                 piece_n = torch.bincount(piece, minlength=self.n_pieces)       # ids per piece
                 counts = piece_n.index_select(0, self.key_piece)               # ... per held piece, by destination
-                n_codes = values.new_zeros(self.world).index_add_(0, self.key_dest, counts)
-                src = [lengths.reshape(-1), counts, values, rw_ids, codes]
-                sizes = [self.lengths_segs, self.rwl_segs, totals, counts, n_codes]
+                n_codes = totals.new_zeros(self.world).index_add_(0, self.key_dest, counts)
+                src = [counts.to(dt), rw_ids, codes]
+                sizes = [self.rwl_segs, counts, n_codes]
         else:
-            n_codes = values.new_zeros(self.world)
-            src = [lengths.reshape(-1), values]
-            sizes = [self.lengths_segs, totals]
+            n_codes = totals.new_zeros(self.world)
+            src, sizes = [], []
+        if self.has_whole:   # [whole lengths | row-sharded lengths or counts | batch ids | row-sharded ids | codes]
+            src = [lengths.reshape(-1), *src[:1], values, *src[1:]]
+            sizes = [self.lengths_segs, *sizes[:1], totals, *sizes[1:]]
         src.append(values.new_zeros(self.world * HEADER))      # the headers (send() may fill them)
         sizes.append(self.header_segs)
         plen, payload = _permute_1d(self.payload_perm, torch.cat(sizes), torch.cat(src), None, None)[:2]
-        total = values.new_zeros(self.world).index_add_(0, self.perm_dest, plen)
+        total = totals.new_zeros(self.world).index_add_(0, self.perm_dest, plen)
         return Routed(payload, torch.stack([total - self.head - n_codes, n_codes], dim=1))
 
     # ------------------------------------------------------------ receiver
@@ -289,7 +308,7 @@ class IdRouter:
         start = _excl_cumsum(a + recv_counts.sum(dim=1))
         head = recv.index_select(0, torch.repeat_interleave(start, a, output_size=a * world) + self.head_pos)
         head = head.view(world, a)
-        next_counts = head[:, :HEADER] if carries_next else None
+        next_counts = head[:, :HEADER].long() if carries_next else None
         if not n_f:
             return LocalLookups([], next_counts)
         head = head[:, HEADER:]
@@ -299,9 +318,9 @@ class IdRouter:
         else:
             fw = self.nf_whole
             lens = head[:, :fw * b].reshape(world, fw, b)
-            seg = head.new_empty(world, n_f)
+            seg = recv_counts.new_empty(world, n_f)
             seg.index_copy_(1, self.whole_rows, lens.sum(dim=2))
-            seg.index_copy_(1, self.rw_rows, head[:, fw * b:])
+            seg.index_copy_(1, self.rw_rows, head[:, fw * b:].long())
         sizes = torch.cat([torch.full((world, 1), a, dtype=torch.long, device=recv.device), seg,
                            recv_counts[:, 1:]], dim=1).view(-1)
         out = _permute_1d(self.recv_perm, sizes, recv, None, None)[1]
@@ -310,17 +329,18 @@ class IdRouter:
         if self.encoding is RwEncoding.lengths:
             lengths = whole_lengths
         elif self.nf_rw:
-            lengths = torch.bincount(out[values.numel():], minlength=n_f * world * b).view(n_f, world * b)
+            lengths = torch.bincount(out[values.numel():], minlength=n_f * world * b).view(n_f, world * b).to(
+                values.dtype)
             if self.nf_whole:
                 lengths.index_copy_(0, self.whole_rows, whole_lengths)
         else:
             lengths = whole_lengths
         if len(self.group_sizes) == 1:
-            return LocalLookups([(values, _offsets(lengths))], next_counts)
+            return LocalLookups([(values, _offsets(lengths, values.dtype))], next_counts)
         out_groups, f0, v0 = [], 0, 0
         counts = torch.stack([g.sum() for g in lengths.split(self.group_sizes)]).tolist()   # a 2nd host sync
         for nf, n in zip(self.group_sizes, counts):
-            out_groups.append((values[v0:v0 + n], _offsets(lengths[f0:f0 + nf])))
+            out_groups.append((values[v0:v0 + n], _offsets(lengths[f0:f0 + nf], values.dtype)))
             f0, v0 = f0 + nf, v0 + n
         return LocalLookups(out_groups, next_counts)
 
@@ -357,7 +377,7 @@ class IdRouter:
         """Put the next batch's per-destination counts (then.counts) in routed's payload headers (in place)."""
         sizes = self.send_sizes(routed.counts) if send_sizes is None else send_sizes
         pos = torch.repeat_interleave(_excl_cumsum(sizes), HEADER, output_size=HEADER * self.world)
-        routed.payload.index_copy_(0, pos + self.header_pos, then.counts.reshape(-1))
+        routed.payload.index_copy_(0, pos + self.header_pos, then.counts.reshape(-1).to(routed.payload.dtype))
 
     def finish(self, pending: PendingIds) -> LocalLookups:
         """Wait for the payload, then build the TBE groups' inputs (and next_counts when the payload carries
