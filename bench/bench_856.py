@@ -6,7 +6,7 @@ batch 256 per rank, through mode=train's own entry (neocfg.runtime.run.run), onc
 samples/s and data_wait + comm_input as a share of the step (issue 9 asks <= 10% for both).
 
     .venv/bin/python bench/bench_856.py [--steps 20] [--sharding table_wise,row_wise] [--out 856.json]
-        [--set train.ids_ahead=false ...]   (extra config overrides, e.g. the ids exchanged in the step)
+        [--set train.ids_exchange=step ...]   (extra config overrides, e.g. the ids exchanged in the step)
 """
 
 from __future__ import annotations

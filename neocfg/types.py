@@ -86,6 +86,17 @@ class DenseGradSync(Enum):
     exchange = "exchange"
 
 
+class IdsExchange(Enum):
+    """Where a CPU rank exchanges each batch's ids (route, all-to-alls, receive). step: in the step (pipelined under
+    train.pipeline); prefetch: in the data source's prefetch thread, a batch ahead, on a process group of its own;
+    auto: prefetch when some table is row-sharded (neocfg.runtime.routing.exchange_in_prefetch), else step. GPU
+    ranks always exchange in the step (on the device)."""
+
+    auto = "auto"
+    prefetch = "prefetch"
+    step = "step"
+
+
 class DensePrecision(Enum):
     """Math of the dense part (MLPs, interaction). tf32: fp32 storage, TF32 tensor-core matmuls on CUDA (plain fp32 on
     a CPU); bf16: autocast to bfloat16."""

@@ -93,12 +93,12 @@ CASES = {
     "twcw_2x2": (4, ADAGRAD, S.table_column_wise, {}),
     "rw_4": (4, ROWWISE, S.row_wise, {}),
     "mixed_4": (4, ADAGRAD, MIXED_4, {}),
-    # every case above runs the pipelined step (train.pipeline=true, the default) with the ids exchanged in the
-    # prefetch thread (train.ids_ahead=true, the default on CPU ranks); these run the plain step with the ids
-    # exchanged in it, and the pipelined step with the next batch's ids sent in it (what GPU ranks do)
-    "mixed_unpipelined": (2, ADAGRAD, MIXED_2, {}, ("train.pipeline=false", "train.ids_ahead=false")),
-    "mixed_4_unpipelined": (4, ADAGRAD, MIXED_4, {}, ("train.pipeline=false", "train.ids_ahead=false")),
-    "mixed_in_step": (2, ADAGRAD, MIXED_2, {}, ("train.ids_ahead=false",)),
+    # every case above runs with the defaults: train.ids_exchange=auto (ids exchanged in the prefetch thread when
+    # a table is row-sharded, else in the pipelined step, train.pipeline=true); these run the plain step with the
+    # ids exchanged in it, and the pipelined step with the next batch's ids sent in it (what GPU ranks do)
+    "mixed_unpipelined": (2, ADAGRAD, MIXED_2, {}, ("train.pipeline=false", "train.ids_exchange=step")),
+    "mixed_4_unpipelined": (4, ADAGRAD, MIXED_4, {}, ("train.pipeline=false", "train.ids_exchange=step")),
+    "mixed_in_step": (2, ADAGRAD, MIXED_2, {}, ("train.ids_exchange=step",)),
 }
 FP16_CASES = {"fp16_comm", "bf16_comm", "fp16_weights"}
 
@@ -172,9 +172,11 @@ def test_metrics_of_a_sharded_run(results):
     for k in ("data_wait", "emb_fwd", "emb_bwd", "comm_input", "comm_fwd", "comm_bwd", "dense", "total"):
         assert m["breakdown_ms"][k] >= 0
     assert len(m["breakdown_ms_per_rank"]) == 2
-    # every batch's ids were exchanged in the prefetch thread (train.ids_ahead), on both ranks; none without it
+    # every batch's ids were exchanged in the prefetch thread (ids_exchange=auto with row-sharded tables), on both
+    # ranks; none with ids_exchange=step, nor under auto without a row-sharded table
     assert m["data"]["batches_prepared"] >= 2 * STEPS
     assert results["mixed_in_step"][0].metrics["data"]["batches_prepared"] == 0
+    assert results["tw"][0].metrics["data"]["batches_prepared"] == 0
 
 
 @pytest.mark.parametrize("name,other", [("mixed", "mixed_unpipelined"), ("mixed_4", "mixed_4_unpipelined"),

@@ -76,9 +76,10 @@ def test_pipelined_step_sends_one_id_all_to_all_per_step():
     from neocfg.runtime.launch import launch
 
     steps = 4
-    # ids exchanged in the step (train.ids_ahead=false): with it, CPU ranks exchange them in the prefetch thread
+    # ids exchanged in the step (train.ids_exchange=step; under auto, with a row-sharded table, CPU ranks exchange
+    # them in the prefetch thread)
     cfg = compose_cfg(["train.batch_size=16", f"train.steps={steps}", "train.eval_batches=0",
-                       "train.log_every=100", "train.ids_ahead=false"])
+                       "train.log_every=100", "train.ids_exchange=step"])
     plan = rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=16,
                      sharding={t.name: s for t, s in zip(cfg.model.tables, MIX)})
     plain = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pipeline=False))

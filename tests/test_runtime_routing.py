@@ -118,7 +118,7 @@ def one_rank_gloo():
 
 
 def test_ids_exchanged_ahead_are_the_ones_the_step_looks_up(one_rank_gloo):
-    """ShardedEmbeddings.prepare (run in the prefetch thread under train.ids_ahead) exchanges a batch's ids; forward
+    """ShardedEmbeddings.prepare (run in the prefetch thread under train.ids_exchange) exchanges a batch's ids; forward
     looks those up (no exchange in the step), equal to an exchange in the step, and only the embeddings whose router
     made them use them."""
     import torch.distributed as dist

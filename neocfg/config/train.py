@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from neocfg.config import checks
-from neocfg.types import DenseGradSync, DenseOptimizer, DensePrecision, SparseOptimizer
+from neocfg.types import DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, SparseOptimizer
 
 
 @dataclass
@@ -26,10 +26,10 @@ class TrainConfig:
     # Pipelined step (TorchRec's TrainPipelineSparseDist): the next batch's ids are sent to their owners while the
     # current batch computes; the same losses and weights as without it.
     pipeline: bool = True
-    # CPU ranks: the data source's prefetch thread also exchanges each batch's ids (route, send, receive) while the
-    # steps before it run, on a process group of its own (the step then neither routes nor waits for ids, so
-    # `pipeline` has nothing left to do); the same losses and weights as without it. GPU ranks route on the device.
-    ids_ahead: bool = True
+    # CPU ranks: where each batch's ids are exchanged (IdsExchange): in the step, or in the data source's prefetch
+    # thread while the steps before it run (the step then neither routes nor waits for ids, so `pipeline` has
+    # nothing left to do); auto: prefetch when some table is row-sharded. The same losses and weights either way.
+    ids_exchange: IdsExchange = IdsExchange.auto
     # How the dense gradients are averaged over ranks: ddp (DDP's all-reduce), exchange (they ride in the
     # embeddings' backward all-to-all: one collective fewer per step), auto (exchange while world x dense bytes is
     # small, see neocfg.types.DenseGradSync).

@@ -48,6 +48,7 @@ import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 from neocfg.batch import Batch
 from neocfg.runtime.layout import Layout
 from neocfg.sharding import Routing, row_block
+from neocfg.types import IdsExchange
 
 _permute_1d = torch.ops.fbgemm.permute_1D_sparse_data
 _bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
@@ -62,6 +63,17 @@ ID32_LIMIT = 2**31 - 1
 # Elements at the front of every destination's payload: the next batch's (ids, codes) counts for that destination
 # when the pipelined step sends them (send(then=...)), else zeros.
 HEADER = 2
+
+
+def exchange_in_prefetch(mode: IdsExchange, layout: Layout) -> bool:
+    """train.ids_exchange: whether a CPU rank exchanges the ids in the data source's prefetch thread. auto: when some
+    table is row-sharded, whose routing (a bucketize of every row-sharded id) is the heavy part; measured by
+    bench/bench_856.py, paired runs (2026-12-03 15:47 UTC): in the prefetch thread the row-wise step took 262-289 ms
+    vs 266-297 ms in the step (4 pairs, plus one in-step outlier of 404 ms), the table-wise one 185-199 vs 164-193
+    ms (3 pairs: its routing is light, and the thread's collectives and Python compete with the step)."""
+    if mode is IdsExchange.auto:
+        return any(k is Routing.by_row for k in layout.routings)
+    return mode is IdsExchange.prefetch
 
 
 class RwEncoding(enum.Enum):

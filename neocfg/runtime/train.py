@@ -34,7 +34,7 @@ from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_aut
                                  make_dense_optimizer, set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import build_layout
-from neocfg.runtime.routing import LocalLookups, PendingIds, Routed
+from neocfg.runtime.routing import LocalLookups, PendingIds, Routed, exchange_in_prefetch
 from neocfg.runtime.metrics import evaluate
 from neocfg.runtime.timing import StepTimes, Stopwatch
 
@@ -91,9 +91,9 @@ class Trainer:
         # data-parallel replicas all-reduce their gradient on a group of their own too
         dp_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
         # ... and so do the ids, which the pipelined step sends while the exchange and DDP use theirs, and the ids
-        # the prefetch thread exchanges ahead of the step (train.ids_ahead, CPU ranks; see below)
+        # the prefetch thread exchanges ahead of the step (train.ids_exchange, CPU ranks; see below)
         id_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
-        ahead = tc.ids_ahead and device.type == "cpu"
+        ahead = device.type == "cpu" and exchange_in_prefetch(tc.ids_exchange, self.layout)
         ahead_group = dist.new_group(backend=dist.get_backend(), timeout=timeout) if ahead else None
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
@@ -116,7 +116,7 @@ class Trainer:
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
                                             pin_memory=device.type == "cuda")
-        # train.ids_ahead (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
+        # train.ids_exchange (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
         # TorchRec's input dist, a batch ahead), overlapping the step; on a GPU they are routed on the device
         prepare_with = getattr(self.source, "prepare_with", None)
         self.ids_ahead = ahead_group is not None and prepare_with is not None
