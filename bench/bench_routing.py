@@ -9,7 +9,8 @@ neocfg before issue 9; --legacy-reps 0 skips it). Plans: every table table-wise 
 tables row-wise over all 128 ranks (k = 10, 50, 100 by default); then the sender side with 100 tables row-wise at
 worlds 16..128, where the table pieces grow with the world and the ids do not. The receive side is timed on the
 rank that receives the most ids (--receiver worst; or a rank number). Row-sharded ids travel in the encoding the
-router picks for the plan (routing.choose_encoding); --encodings lengths,codes times both side by side instead.
+router picks for the plan (routing.choose_encoding); --encodings lengths,codes times both side by side instead, and
+--dtypes int32,int64 both id dtypes (default: routing.id_dtype's choice).
 The process keeps freed memory as a training rank does (launch.keep_freed_memory).
 
     .venv/bin/python bench/bench_routing.py [--world 128] [--batch 256] [--rw 0,10,50,100] [--reps 10] [--out r.json]
@@ -90,11 +91,13 @@ def main() -> None:
                     help="source ranks cycle through this many generated batches (generation is the slow part)")
     ap.add_argument("--receiver", default="worst", help="rank whose receive side is timed, or 'worst'")
     ap.add_argument("--encodings", default="auto", help="auto (the router's choice) or a list of lengths,codes")
+    ap.add_argument("--dtypes", default="auto", help="auto (routing.id_dtype's choice) or a list of int32,int64")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(1)
     keep_freed_memory()
     encodings = [None] if a.encodings == "auto" else [RwEncoding(e) for e in a.encodings.split(",")]
+    dtypes = [None] if a.dtypes == "auto" else [getattr(torch, d) for d in a.dtypes.split(",")]
     model = compose_cfg([f"model={a.model}"]).model
     data = SyntheticData.for_model(model, seed=0)
     n = min(a.distinct_batches, a.world)
@@ -109,8 +112,8 @@ def main() -> None:
         plan = rule_plan(model, world=a.world, devices_per_node=8, batch_size=a.batch, sharding=sharding)
         layouts = [build_layout(plan, model, r) for r in range(a.world)]
         pieces = sum(len(t.shards) for t in plan.tables)
-        for enc in encodings:
-            routers = [IdRouter(lay, a.batch, torch.device("cpu"), enc) for lay in layouts]
+        for enc, dt in [(e, d) for e in encodings for d in dtypes]:
+            routers = [IdRouter(lay, a.batch, torch.device("cpu"), enc, dt) for lay in layouts]
             # what every rank receives from every source (their routing is untimed setup)
             routed = [router.route(bt) for router, bt in zip(routers, batches)]
             ids_to = torch.stack([r.counts[:, 0] for r in routed]).sum(dim=0)       # ids each rank receives
@@ -125,15 +128,16 @@ def main() -> None:
             route_ms, route_med = _ms(lambda: me.route(batches[0]), a.reps)
             receive_ms, receive_med = _ms(lambda: them.receive(recv, counts, int(counts[:, 1].sum())), a.reps)
             legacy_ms = (_ms(lambda: legacy_route(layouts[0], batches[0]), a.legacy_reps)[0]
-                         if a.legacy_reps and enc is encodings[0] else None)
+                         if a.legacy_reps and enc is encodings[0] and dt is dtypes[0] else None)
             row = {"row_wise_tables": k, "table_pieces_in_world": pieces, "encoding": me.encoding.value,
+                   "dtype": str(me.dtype).removeprefix("torch."),
                    "ids_sent": int(batches[0].values.numel()), "receiver": dest,
                    "ids_received": int(counts[:, 0].sum()), "ids_received_median_rank": int(ids_to.median()),
                    "route_ms": route_ms, "route_median_ms": route_med, "receive_ms": receive_ms,
                    "receive_median_ms": receive_med, "legacy_route_ms": legacy_ms,
                    "route_speedup_vs_legacy": (legacy_ms / route_ms) if legacy_ms else None}
             rows.append(row)
-            print(f"rw={k:4d} pieces={pieces:6d} {me.encoding.value:7s} route {route_ms:7.2f} ms  receive (rank "
+            print(f"rw={k:4d} pieces={pieces:6d} {me.encoding.value:7s} {row['dtype']} route {route_ms:7.2f} ms  receive (rank "
                   f"{dest}, {row['ids_received']:,} ids; median rank {row['ids_received_median_rank']:,}) "
                   f"{receive_ms:7.2f} ms  legacy route "
                   f"{legacy_ms if legacy_ms is not None else float('nan'):8.1f} ms", file=sys.stderr)
