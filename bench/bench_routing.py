@@ -109,7 +109,8 @@ def main() -> None:
     for k in [int(x) for x in a.rw.split(",")]:
         rw = {model.tables[i].name for i in largest[:k]}
         sharding = {t.name: ShardingType.row_wise if t.name in rw else ShardingType.table_wise for t in model.tables}
-        plan = rule_plan(model, world=a.world, devices_per_node=8, batch_size=a.batch, sharding=sharding)
+        plan = rule_plan(model, world=a.world, devices_per_node=min(8, a.world), batch_size=a.batch,
+                         sharding=sharding)
         layouts = [build_layout(plan, model, r) for r in range(a.world)]
         pieces = sum(len(t.shards) for t in plan.tables)
         for enc, dt in [(e, d) for e in encodings for d in dtypes]:

@@ -96,8 +96,9 @@ def test_encoding_follows_length_entries_against_ids():
     """lengths while a row-sharded piece gets an id per sample or more (few ranks), codes at scale."""
     cfg = compose_cfg([])
     tables = cfg.model.tables
-    for world, pooling, want in [(2, 4.0, RwEncoding.lengths), (4, 4.0, RwEncoding.lengths),
-                                 (4, 1.0, RwEncoding.codes), (8, 4.0, RwEncoding.codes)]:
+    # length entries per id = world / pooling here (8 tables over every rank); codes above LENGTH_ENTRIES_PER_ID = 3
+    for world, pooling, want in [(2, 4.0, RwEncoding.lengths), (8, 4.0, RwEncoding.lengths),
+                                 (4, 1.0, RwEncoding.codes), (16, 4.0, RwEncoding.codes)]:
         model = dataclasses.replace(cfg.model, tables=[dataclasses.replace(t, pooling_factor=pooling)
                                                        for t in tables])
         plan = rule_plan(model, world=world, devices_per_node=world, batch_size=B, sharding=S.row_wise)

@@ -54,10 +54,12 @@ _permute_1d = torch.ops.fbgemm.permute_1D_sparse_data
 _bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
 
 # The lengths encoding sends (row ranges x row-sharded tables x B) lengths per step, the codes encoding does a few
-# passes per row-sharded id. Measured (IdRouter.route, one thread, prod_856 ids): at 0.35 length entries per id (2
-# ranks, all 856 tables row-wise) lengths took 10 ms and codes 35 ms; at 18 per id (128 ranks, 100 tables row-wise)
-# lengths 27 ms and codes 5.3 ms. The switch lies between; 1 is not measured more closely.
-LENGTH_ENTRIES_PER_ID = 1.0
+# passes per row-sharded id. Measured (bench/bench_routing.py --rw 856 --encodings lengths,codes, one thread, int32
+# ids, prod_856 ids, route + worst receive, 2026-12-03 16:10 UTC) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length
+# entries per id (worlds 2..64, all tables row-wise): lengths 13.9 / 15.9 / 17.2 / 25.6 / 53.4 / 501 ms, codes
+# 36.9 / 33.5 / 27.5 / 29.6 / 38.8 / 60.3 ms; at 18 (128 ranks, 100 tables row-wise) route 27 vs 5.3 ms. The
+# crossover lies near 3.4 (linear between 2.82 and 5.65).
+LENGTH_ENTRIES_PER_ID = 3.0
 # Values below this travel as int32 (id_dtype): offsets of the ids of one step too must fit (2^31 - 1 ids).
 ID32_LIMIT = 2**31 - 1
 # Elements at the front of every destination's payload: the next batch's (ids, codes) counts for that destination
