@@ -21,6 +21,7 @@ from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
 from neocfg.runtime.replicated import ReplicatedEmbeddings
 from neocfg.runtime.routing import Exchanged, IdRouter, LocalLookups, PendingIds, Routed
+from neocfg.runtime.timing import BackwardMark
 
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
 EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
@@ -49,20 +50,6 @@ def make_tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainCon
         optimizer=FUSED_OPTIMIZERS[train.sparse_optimizer], learning_rate=train.sparse_learning_rate,
         weights_precision=WEIGHTS_PRECISION[key.dtype], stochastic_rounding=True, pooling_mode=PoolingMode.SUM,
         cache_load_factor=cache_ratio or DEFAULT_CACHE_LOAD_FACTOR, device=device)
-
-
-class _GradArrival(torch.autograd.Function):
-    """Identity; backward notes when the pooled-output gradient reaches the TBEs (start of their fused update)."""
-
-    @staticmethod
-    def forward(ctx, sw: Stopwatch, x: torch.Tensor) -> torch.Tensor:
-        ctx.sw = sw
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        ctx.sw.grad_arrival = ctx.sw.now()
-        return None, g
 
 
 class ShardedEmbeddings(nn.Module):
@@ -158,7 +145,7 @@ class ShardedEmbeddings(nn.Module):
             else:  # no shard here: still take part in every collective, backward included
                 pooled = torch.zeros(w * b, 0, device=self.device, requires_grad=torch.is_grad_enabled())
             if pooled.requires_grad:
-                pooled = _GradArrival.apply(sw, pooled)
+                pooled = BackwardMark.apply(sw.note_grad_arrival, pooled)
             parts = [pooled.view(w, b, -1) if whole else pooled.index_select(1, cols).view(w, b, -1)
                      for cols, whole in zip(self.source_cols, self.whole_part)]
         out = EmbeddingExchange.apply(self.xp, rider, *parts)

@@ -23,7 +23,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBat
 
 from neocfg.batch import Batch
 from neocfg.runtime.init_weights import init_rows
-from neocfg.runtime.timing import Stopwatch
+from neocfg.runtime.timing import BackwardMark, Stopwatch
 from neocfg.types import SparseOptimizer
 
 # fbgemm's default Adagrad epsilon (SplitTableBatchedEmbeddingBagsCodegen(eps=1.0e-8)), so replicas and sharded
@@ -55,21 +55,6 @@ def _autograd_fallthrough() -> "torch.library.Library | None":
 
 
 _FALLTHROUGH = _autograd_fallthrough()   # kept alive: the registration lasts as long as the Library object
-
-
-class _BackwardStart(torch.autograd.Function):
-    """Identity; backward notes when the replicas' output gradient arrives (the start of their backward: the dense
-    table gradient, then the all-reduce and update in the hook, before the exchange's backward runs)."""
-
-    @staticmethod
-    def forward(ctx, owner: "ReplicatedEmbeddings", x: torch.Tensor) -> torch.Tensor:
-        ctx.owner = owner
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):
-        ctx.owner.t_backward = ctx.owner.sw.now()
-        return None, g
 
 
 class ReplicatedEmbeddings(nn.Module):
@@ -121,7 +106,12 @@ class ReplicatedEmbeddings(nn.Module):
         ids = _permute_1d(self.perm32, lengths.sum(dim=1), values, None, None)[1]
         offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.index_select(0, self.perm).reshape(-1))
         out = self.tbe(ids, offsets)
-        return _BackwardStart.apply(self, out) if out.requires_grad else out
+        return BackwardMark.apply(self._note_backward, out) if out.requires_grad else out
+
+    def _note_backward(self) -> None:
+        """The replicas' output gradient arrived (BackwardMark): the start of their backward (the dense table
+        gradient, then the all-reduce and update in the hook, before the exchange's backward runs)."""
+        self.t_backward = self.sw.now()
 
     @torch.no_grad()
     def _all_reduce_and_update(self, weights: torch.Tensor) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -50,6 +50,21 @@ class _Pending:
     less: list[tuple[str, tuple[str, ...]]] = field(default_factory=list)
 
 
+class BackwardMark(torch.autograd.Function):
+    """Identity; its backward calls note() when the gradient reaches this point (e.g. to record when a backward
+    part starts: Stopwatch.note_grad_arrival, the data-parallel replicas' backward)."""
+
+    @staticmethod
+    def forward(ctx, note: Callable[[], None], x: torch.Tensor) -> torch.Tensor:
+        ctx.note = note
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        ctx.note()
+        return None, g
+
+
 class Stopwatch:
     """`with sw("comm_fwd"):` adds the block's time to sw.times.comm_fwd; sw.span(name, a, b) adds b - a."""
 
@@ -71,6 +86,10 @@ class Stopwatch:
         self._times = value
         if self.events:
             self._pending.append(_Pending(value))
+
+    def note_grad_arrival(self) -> None:
+        """The pooled-output gradient reached the fused TBEs (BackwardMark's note, in the embeddings' backward)."""
+        self.grad_arrival = self.now()
 
     def now(self) -> Mark:
         if self.events:
