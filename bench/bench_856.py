@@ -1,9 +1,9 @@
-"""Samples/s and the step breakdown of a prod_856-shaped model trained on cpu_local (issue 9).
+"""Samples/s and the step breakdown of a prod_856-shaped model trained on cpu_local.
 
 The model: prod_856's 856 tables and pooling factors, every table dim 16 and capped at 20,000 rows (so that it fits
 a CPU), `interaction: dcn` (one low-rank layer of rank 16), bottom MLP [64, 16], top MLP [64, 1]. Two gloo ranks,
 batch 256 per rank, through mode=train's own entry (neocfg.runtime.run.run), once per sharding type. Prints
-samples/s and data_wait + comm_input as a share of the step (issue 9 asks <= 10% for both).
+samples/s and data_wait + comm_input as a share of the step (the target is <= 10% for both).
 
     .venv/bin/python bench/bench_856.py [--steps 20] [--sharding table_wise,row_wise] [--out 856.json]
         [--set train.ids_exchange=step ...]   (extra config overrides, e.g. the ids exchanged in the step)

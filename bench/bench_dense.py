@@ -1,5 +1,5 @@
 """The dense part of a training step alone (bottom MLP, interaction, top MLP, BCE, backward with DDP's all-reduce,
-optimizer step) on 2 gloo ranks, one thread each, per term, under the settings neocfg used before issue 9 and the
+optimizer step) on 2 gloo ranks, one thread each, per term, under the settings neocfg used before the fused dense path and the
 ones it uses now; the pooled embeddings are a fixed random input that needs a gradient (as in training).
 
     .venv/bin/python bench/bench_dense.py [--model criteo] [--batch 512] [--steps 60] [--repeats 3] [--out x.json]

@@ -11,7 +11,7 @@ per solver (same instance, run one after the other). Writes <out>/bench_planner.
 devices, 15 s solver limit. --scale: the ILP on growing tables x devices (up to prod_4096 on 512 devices), time
 against tables x devices in <out>/bench_planner_scale.json and .png. --restricted: per case also the ILP with each
 restriction of planner.sharding_types that changes the collectives issued (each type alone, each collective group;
-neocfg.planner.fixed.restricted_sharding_types), and checks issue 12's done-when item: no restricted plan beats the
+neocfg.planner.fixed.restricted_sharding_types), and checks that no restricted plan beats the
 full run's lower bound, and the full run's plan is within its gap of the best restricted one (printed, in the JSON,
 and the exit status is 1 if it fails anywhere).
 """

@@ -1,11 +1,11 @@
-"""Id routing at scale: one rank of a 128-rank plan of prod_856, batch 256, one CPU thread (issue 9 item 1).
+"""Id routing at scale: one rank of a 128-rank plan of prod_856, batch 256, one CPU thread.
 
 Times neocfg.runtime.routing.IdRouter per step on rank 0 (fastest of --reps calls, median beside it):
   route    the sender side (this rank's batch -> the payload for every destination, grouped by destination)
   receive  the receiver side (every source's payload for this rank -> the TBE groups' indices and offsets); the
            128 sources' batches are routed once beforehand (untimed) and only their part for this rank is kept
 and, side by side in the same run, the per-piece loop the router replaced (`legacy_route`, the sender side of
-neocfg before issue 9; --legacy-reps 0 skips it). Plans: every table table-wise (round robin), then the k largest
+neocfg before the vectorized router; --legacy-reps 0 skips it). Plans: every table table-wise (round robin), then the k largest
 tables row-wise over all 128 ranks (k = 10, 50, 100 by default); then the sender side with 100 tables row-wise at
 worlds 16..128, where the table pieces grow with the world and the ids do not. The receive side is timed on the
 rank that receives the most ids (--receiver worst; or a rank number). Row-sharded ids travel in the encoding the
@@ -40,7 +40,7 @@ from neocfg.types import ShardingType  # noqa: E402
 
 
 def legacy_route(layout: Layout, batch: Batch) -> int:
-    """The sender side before issue 9: a Python loop over destinations x table pieces; each row-wise piece scans
+    """The sender side before the vectorized router: a Python loop over destinations x table pieces; each row-wise piece scans
     all of its table's ids. Returns the ids routed."""
     b = batch.batch_size
     values_all, lengths_all = batch.values.long(), batch.lengths.long()

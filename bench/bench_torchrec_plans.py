@@ -1,4 +1,4 @@
-"""neocfg's planner against TorchRec's EmbeddingShardingPlanner (issue 12 item 7), side by side in one run.
+"""Neocfg's planner against TorchRec's EmbeddingShardingPlanner, side by side in one run.
 
 1. Planning time: NeocfgShardingPlanner.plan vs EmbeddingShardingPlanner.plan on the same TorchRec module (a
    DLRM of the model's tables on the meta device) and Topology, interleaved repeats, medians, ratio.

@@ -1,5 +1,5 @@
-"""neocfg vs TorchRec 1.8's DistributedModelParallel on the same model, ranks, batch and table-wise placement
-(issue 9): samples/s of each, interleaved step by step, and their ratio; also neocfg on its own plan.
+"""Neocfg vs TorchRec 1.8's DistributedModelParallel on the same model, ranks, batch and table-wise placement:
+samples/s of each, interleaved step by step, and their ratio; also neocfg on its own plan.
 
 Both train on 2 gloo ranks, one thread per rank, batch 512 per rank, every table table-wise on the same rank (the
 placement neocfg's planner picks under planner.sharding_types=[table_wise], handed to DMP through

@@ -1,4 +1,4 @@
-"""Issue 2 through the real CLI: describe, Hydra flags, user presets, and bad input as one clear line."""
+"""Through the real CLI: describe, Hydra flags, user presets, and bad input as one clear line."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 2: every preset composes and validates; overrides; schema defaults; cross-field checks."""
+"""Every preset composes and validates; overrides; schema defaults; cross-field checks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 4: the DPP service. Projection, exactly-once delivery (2 workers x 2 clients, and with a worker SIGKILLed
+"""The DPP service. Projection, exactly-once delivery (2 workers x 2 clients, and with a worker SIGKILLed
 mid-epoch), resume from a checkpointed position, bad files, and nothing hanging when a worker or the master dies."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 11 (data items), through the real CLI: a filter that keeps no row, or a rank whose every split is filtered
+"""Data faults through the real CLI: a filter that keeps no row, or a rank whose every split is filtered
 empty, fails in bounded time with one line naming the filter (no hang, no traceback); a capped dsi.workers, a batch
 larger than the dataset and skipped bad splits are said on the console."""
 

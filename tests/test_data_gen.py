@@ -1,4 +1,4 @@
-"""Issue 4: mode=gen_data writes a Parquet dataset (through the real CLI) whose content the transforms turn back
+"""Mode=gen_data writes a Parquet dataset (through the real CLI) whose content the transforms turn back
 into the learnable synthetic features."""
 
 from __future__ import annotations

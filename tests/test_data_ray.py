@@ -1,4 +1,4 @@
-"""Issue 10: the Ray DPP backend. One job-wide master actor, 2 trainer clients x 2 worker actors: every sample goes
+"""The Ray DPP backend. One job-wide master actor, 2 trainer clients x 2 worker actors: every sample goes
 to exactly one client per epoch (counted by sample_id, job-wide) although a busy worker actor is ray.kill-ed and the
 trainers restart from a checkpoint (batches taken after it are lost with them and delivered again); and
 `neocfg mode=train dsi=parquet_local dsi.backend=ray` end to end."""

@@ -1,4 +1,4 @@
-"""Issue 4 end to end: `neocfg mode=train dsi=parquet_local` trains from the Parquet files through DPP, writes the
+"""End to end: `neocfg mode=train dsi=parquet_local` trains from the Parquet files through DPP, writes the
 data counters into metrics.json, and a run with a rank SIGKILLed mid-way, resumed from its checkpoint, ends with
 exactly the parameters of an uninterrupted run (one DPP worker per rank keeps the batch order deterministic).
 

@@ -1,4 +1,4 @@
-"""Issue 4: every declared transform against hand-computed values, and the checks that guard the model's input."""
+"""Every declared transform against hand-computed values, and the checks that guard the model's input."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 11 through the real CLI: bad input and faults end in one line with a reason and a distinct exit code, no
+"""Through the real CLI: bad input and faults end in one line with a reason and a distinct exit code, no
 traceback, nothing half-written; killed or interrupted runs leave no orphan rank and no lost checkpoint; resume
 falls back to the newest valid checkpoint; advice in messages has been verified; sweeps fail when every run fails.
 

@@ -1,4 +1,4 @@
-"""Issue 12 item 6 without TorchRec: `neocfg mode=plan planner.export=torchrec` writes torchrec_plan.json beside
+"""Without TorchRec: `neocfg mode=plan planner.export=torchrec` writes torchrec_plan.json beside
 plan.json, the same placement in TorchRec's terms (sharding type, compute kernel of the memory tier, ranks, shard
 offsets and sizes), and plans TorchRec could not run as given are refused with one line."""
 

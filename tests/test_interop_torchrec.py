@@ -1,4 +1,4 @@
-"""Issue 12 item 6: TorchRec's DistributedModelParallel trains a DLRM on 2 gloo ranks with a plan from neocfg
+"""TorchRec's DistributedModelParallel trains a DLRM on 2 gloo ranks with a plan from neocfg
 (NeocfgShardingPlanner, and the torchrec_plan.json `neocfg mode=plan planner.export=torchrec` writes), with
 table-wise, column-wise, table-column-wise, data-parallel and (through CpuRowWiseEmbeddingBagCollectionSharder)
 row-wise tables; the sharded model's first forward equals the unsharded model's on the same weights and batch,

@@ -1,4 +1,4 @@
-"""Issue 11 finding 1: a plan file whose shards do not cover each table exactly once, sit on ranks outside the
+"""A plan file whose shards do not cover each table exactly once, sit on ranks outside the
 world, disagree with the model or carry wrongly typed fields is refused with one line naming the file, the table and
 the fault (unit cases per fault, then through the real CLI: non-zero exit, no traceback, nothing trained)."""
 
@@ -136,7 +136,7 @@ def test_cli_refuses_bad_plan(cli, cfg, tmp_path, case):
     assert not list((tmp_path / "outputs").rglob("metrics.json")) and not list((tmp_path / "outputs").rglob("*.pt"))
 
 
-# ---- mode=plan planner.plan_file=...: rate a given plan without solving (issue 12 item 7) ----------------------
+# ---- mode=plan planner.plan_file=...: rate a given plan without solving ----------------------
 def _solved(overrides: list[str]):
     from neocfg.planner import make_plan
 

@@ -1,4 +1,4 @@
-"""Issue 12: the reported lower bound holds for every plan of the enumerated options, fixed costs included.
+"""The reported lower bound holds for every plan of the enumerated options, fixed costs included.
 
 On instances small enough to enumerate, with non-zero collective latency, kernel and routing costs:
   bound <= the brute-force optimum (step time straight from the cost model) <= the reported objective,
@@ -109,7 +109,7 @@ def test_restricted_sharding_types_never_beat_the_full_bound():
 
 @pytest.mark.parametrize("path", [FLAT, DECOMPOSED])
 def test_every_restriction_of_sharding_types_stays_above_the_full_bound(path):
-    # Issue 12's done-when item on a small instance, for every restriction that changes the collectives issued (what
+    # The bound's promise on a small instance, for every restriction that changes the collectives issued (what
     # bench_planner.py --restricted checks on the bench instances): each restricted plan is a plan of the full option
     # space, so it can't beat the full run's bound, and the full plan is within its gap of the best of them.
     rows, extra = INSTANCES["all_types"]

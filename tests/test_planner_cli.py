@@ -1,4 +1,4 @@
-"""Issue 3 through the real CLI: mode=plan writes plan.json (contract keys), plan.png and prints the summary;
+"""Through the real CLI: mode=plan writes plan.json (contract keys), plan.png and prints the summary;
 infeasible and bad input exit non-zero with one line and leave nothing behind."""
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_bad_planner_input_is_one_line(cli, tmp_path, override, needles):
 
 
 def test_model_of_mixed_dims_without_interaction_plans_with_dcn(cli, tmp_path):
-    # Issue 12 item 8: only name and tables, of different dims: interaction=auto picks dcn and says so.
+    # Only name and tables, of different dims: interaction=auto picks dcn and says so.
     conf = tmp_path / "conf"
     (conf / "model").mkdir(parents=True)
     rows = "\n".join(f"  - {{name: t{i}, num_embeddings: {5000 + i}, embedding_dim: {16 * (1 + i % 3)},"

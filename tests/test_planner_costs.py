@@ -1,4 +1,4 @@
-"""Issue 3: every cost formula against hand-computed values (round-number cluster, efficiencies 1)."""
+"""Every cost formula against hand-computed values (round-number cluster, efficiencies 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 3: DPP worker sizing (multi-shape least cost, headroom, bottleneck, trainer ingest limit)."""
+"""DPP worker sizing (multi-shape least cost, headroom, bottleneck, trainer ingest limit)."""
 
 from __future__ import annotations
 

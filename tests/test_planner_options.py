@@ -1,4 +1,4 @@
-"""Issue 3: candidate options per sharding type, constraints, CPU tiers, pruning and unfit tables."""
+"""Candidate options per sharding type, constraints, CPU tiers, pruning and unfit tables."""
 
 from __future__ import annotations
 

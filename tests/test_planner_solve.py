@@ -1,4 +1,4 @@
-"""Issue 3: greedy and ILP planners. Tiny instances come out exactly optimal (brute force); every plan respects
+"""Greedy and ILP planners. Tiny instances come out exactly optimal (brute force); every plan respects
 memory, keeps the shard geometry contract and reports a lower bound <= its objective."""
 
 from __future__ import annotations

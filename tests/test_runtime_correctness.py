@@ -1,4 +1,4 @@
-"""Issue 6, the core: K steps of every sharding type on 2 (and 4) gloo ranks train the same model as one process
+"""The core: K steps of every sharding type on 2 (and 4) gloo ranks train the same model as one process
 with the unsharded tables, the same initialization and data, and the same fused fbgemm optimizer.
 
 Tolerances (fp32): per-step losses within LOSS_ATOL; embedding and dense weights within WEIGHT_ATOL (Adagrad

@@ -1,4 +1,4 @@
-"""Issue 9 item 1: the vectorized id router hands every rank exactly the bags a per-piece reference computes (ids
+"""The vectorized id router hands every rank exactly the bags a per-piece reference computes (ids
 rebased to the piece's rows, bags ordered feature, source, sample; ids kept in their order inside a bag), for
 every sharding type and mixes of them, in both encodings of row-sharded ids and with a batch size that is and one
 that is not a power of two, without any process group (routers of every rank in one process)."""

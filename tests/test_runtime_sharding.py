@@ -1,4 +1,4 @@
-"""Issue 9 item 8: one home per sharding type. Every registered Scheme cuts a table exactly once; the planner's
+"""One home per sharding type. Every registered Scheme cuts a table exactly once; the planner's
 plans and the runtime's rule plans use the one geometry; a plan file with another geometry is refused."""
 
 from __future__ import annotations

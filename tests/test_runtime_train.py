@@ -1,4 +1,4 @@
-"""Issue 6 through the real CLI: mode=train trains and writes metrics.json; checkpoints are atomic and a run with a
+"""Through the real CLI: mode=train trains and writes metrics.json; checkpoints are atomic and a run with a
 rank killed mid-way, resumed, ends with exactly the parameters of an uninterrupted run; another plan's checkpoint
 is refused with one line."""
 

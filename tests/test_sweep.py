@@ -1,4 +1,4 @@
-"""Issue 5: multirun sweeps end with sweep_summary.{csv,md,png}; a run that fails is a row saying why."""
+"""Multirun sweeps end with sweep_summary.{csv,md,png}; a run that fails is a row saying why."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ _bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
 
 # The lengths encoding sends (row ranges x row-sharded tables x B) lengths per step, the codes encoding does a few
 # passes per row-sharded id. Measured (bench/bench_routing.py --rw 856 --encodings lengths,codes, one thread, int32
-# ids, prod_856 ids, route + worst receive, 2026-12-03 16:10 UTC) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length
+# ids, prod_856 ids, route + worst receive) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length
 # entries per id (worlds 2..64, all tables row-wise): lengths 13.9 / 15.9 / 17.2 / 25.6 / 53.4 / 501 ms, codes
 # 36.9 / 33.5 / 27.5 / 29.6 / 38.8 / 60.3 ms; at 18 (128 ranks, 100 tables row-wise) route 27 vs 5.3 ms. The
 # crossover lies near 3.4 (linear between 2.82 and 5.65).
@@ -70,7 +70,7 @@ HEADER = 2
 def exchange_in_prefetch(mode: IdsExchange, layout: Layout) -> bool:
     """train.ids_exchange: whether a CPU rank exchanges the ids in the data source's prefetch thread. auto: when some
     table is row-sharded, whose routing (a bucketize of every row-sharded id) is the heavy part; measured by
-    bench/bench_856.py, paired runs (2026-12-03 15:47 UTC): in the prefetch thread the row-wise step took 262-289 ms
+    bench/bench_856.py, paired runs: in the prefetch thread the row-wise step took 262-289 ms
     vs 266-297 ms in the step (4 pairs, plus one in-step outlier of 404 ms), the table-wise one 185-199 vs 164-193
     ms (3 pairs: its routing is light, and the thread's collectives and Python compete with the step)."""
     if mode is IdsExchange.auto:

@@ -376,7 +376,7 @@ class Trainer:
             "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
             "plan_solver": self.plan.solver.algorithm,
             "data": data, "data_per_rank": [g["data"] for g in gathered],
-            # The data-pipeline contract (issue 4): stall, delivery and DPP counters over all ranks.
+            # The data-pipeline contract: stall, delivery and DPP counters over all ranks.
             "data_stall_fraction": data["data_stall_fraction"],
             "samples_delivered": data.get("samples_delivered", 0),
             "duplicate_samples": data.get("duplicate_samples", 0),
