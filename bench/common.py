@@ -33,3 +33,44 @@ def emit(result: dict[str, Any], out: str | None) -> None:
     if out:
         Path(out).write_text(text + "\n")
         print(f"written to {out}", file=sys.stderr)
+
+
+RESULTS = REPO / "bench" / "RESULTS.md"
+RESULTS_HEADER = ("# Benchmark results\n\nWritten by the benchmarks themselves (`record_results` in bench/common.py): each section is"
+                  " replaced by the\nbench that owns it, with the command, date and machine of the run. The docs link"
+                  " here instead of copying numbers.\n")
+
+
+def machine() -> str:
+    """One line naming the machine a result was measured on."""
+    import os
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{os.cpu_count()} cores ({cpu}), {gpu}, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def record_results(section: str, body: str, path: Path = RESULTS) -> None:
+    """Replace (or add) `## <section>` of bench/RESULTS.md with `body`, headed by the command, date and machine."""
+    import datetime
+    import re
+    import shlex
+
+    command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    block = (f"## {section}\n\nCommand: `{command}`; date: {date}; machine: {machine()}.\n\n{body.strip()}\n")
+    text = path.read_text() if path.exists() else RESULTS_HEADER
+    pattern = re.compile(rf"^## {re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: block + "\n", text, count=1) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
+    path.write_text(text.rstrip("\n") + "\n")
+    print(f"results: section '{section}' of {path}", file=sys.stderr)
