@@ -7,7 +7,7 @@ STAMP := $(VENV)/.neocfg-installed
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: run test test-torchrec bench clean torchrec-env gpu-check
+.PHONY: run test test-fast test-torchrec bench clean torchrec-env gpu-check
 
 # TorchRec 1.8 (for bench/bench_vs_torchrec.py and the interop tests) lives in an environment of its own: it is
 # installed without its dependencies (its fbgemm-gpu requirement would pull a CUDA build; fbgemm-gpu-cpu serves).
@@ -41,6 +41,16 @@ test: $(STAMP) $(if $(strip $(PYTEST_ARGS)),,$(TR_STAMP))
 ifeq ($(strip $(PYTEST_ARGS)),)
 	$(TR_PY) -m pytest -q $(TORCHREC_TESTS)
 endif
+
+# The edit-test loop: config, planner, docs and unit tests (no training runs, no rank processes, no Ray), a few
+# minutes on 2 cores. `make test` stays the whole suite (CI).
+FAST_TESTS := tests/test_config.py tests/test_docs.py tests/test_plan_check.py tests/test_planner_bound.py \
+	tests/test_planner_costs.py tests/test_planner_dpp.py tests/test_planner_options.py tests/test_planner_solve.py \
+	tests/test_runtime_units.py tests/test_runtime_sharding.py tests/test_data_transforms.py tests/test_data_sizing.py \
+	tests/test_timing_precision.py tests/test_synthetic_source.py
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(FAST_TESTS) $(PYTEST_ARGS)
 
 test-torchrec: $(TR_STAMP)
 	$(TR_PY) -m pytest -q $(TORCHREC_TESTS)
