@@ -45,9 +45,10 @@ endif
 # The edit-test loop: config, planner, docs and unit tests (no training runs, no rank processes, no Ray), a few
 # minutes on 2 cores. `make test` stays the whole suite (CI).
 FAST_TESTS := tests/test_config.py tests/test_docs.py tests/test_plan_check.py tests/test_planner_bound.py \
-	tests/test_planner_costs.py tests/test_planner_dpp.py tests/test_planner_options.py tests/test_planner_solve.py \
-	tests/test_runtime_units.py tests/test_runtime_sharding.py tests/test_data_transforms.py tests/test_data_sizing.py \
-	tests/test_timing_precision.py tests/test_synthetic_source.py
+	tests/test_planner_cli.py tests/test_planner_costs.py tests/test_planner_dpp.py tests/test_planner_options.py \
+	tests/test_planner_solve.py tests/test_interop_export.py tests/test_runtime_units.py tests/test_runtime_sharding.py \
+	tests/test_runtime_dense.py tests/test_runtime_replicated.py tests/test_data_transforms.py \
+	tests/test_data_sizing.py tests/test_timing_precision.py tests/test_synthetic_source.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(FAST_TESTS) $(PYTEST_ARGS)
@@ -64,8 +65,8 @@ gpu-check: $(STAMP)
 # Benchmarks (not part of CI): each prints ratios measured side by side in one run and writes JSON.
 bench: $(STAMP)
 	$(PY) bench/bench_planner.py --quick
-	$(PY) bench/bench_embedding.py
-	$(PY) bench/bench_e2e.py
+	$(PY) bench/bench_embedding.py --record
+	$(PY) bench/bench_e2e.py --record
 	$(PY) bench/prediction_error.py
 	$(PY) bench/bench_dpp.py
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import compose_cfg, emit  # noqa: E402
+from common import compose_cfg, emit, record_results  # noqa: E402
 
 from neocfg.runtime import dlrm  # noqa: E402
 from neocfg.runtime.launch import free_port  # noqa: E402
@@ -95,6 +95,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=512)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--record", action="store_true", help="write the result into bench/RESULTS.md")
     ap.add_argument("--out")
     a = ap.parse_args()
     cfg = compose_cfg([f"model={a.model}"])
@@ -115,6 +116,11 @@ def main() -> None:
               f"{med['torch_gemm'][t] / med['after'][t]:.2f}x)", file=sys.stderr)
     emit({"bench": "dense_part", "model": a.model, "world": WORLD, "batch_per_rank": a.batch, "steps": a.steps,
           "median_ms": med, "repeats": reps}, a.out)
+    if a.record:
+        record_results(f"Dense part alone ({a.model})", "\n".join([
+            f"{WORLD} ranks, batch {a.batch} per rank, {a.steps} steps, median of {a.repeats} repeats, ms:", "",
+            "| term | " + " | ".join(VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS),
+            *(f"| {t} | " + " | ".join(f"{med[v][t]:.2f}" for v in VARIANTS) + " |" for t in TERMS)]))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cap_rows, compose_cfg, emit  # noqa: E402
+from common import cap_rows, compose_cfg, emit, record_results  # noqa: E402
 
 from neocfg.runtime.run import load_or_make_plan, run  # noqa: E402
 from neocfg.types import CommDtype  # noqa: E402
@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--comm", default="fp32,fp16")
     ap.add_argument("--repeats", type=int, default=2,
                     help="runs per precision, alternating; the fastest counts (other processes share the cores)")
+    ap.add_argument("--record", action="store_true", help="write the result into bench/RESULTS.md")
     ap.add_argument("--out")
     a = ap.parse_args()
     runs, summary = [], {}
@@ -68,6 +69,13 @@ def main() -> None:
                                      r["predicted_step_ms"], "measured_step_ms": r["measured_step_ms"],
                                      "prediction_error": r["prediction_error"]} for r in runs],
           "runs": runs}, a.out)
+    if a.record:
+        record_results("End to end: fp32 vs fp16 all-to-all", "\n".join([
+            f"2 ranks, batch {a.batch} per rank, {a.steps} steps, tables capped at {a.rows_cap:,} rows, best of "
+            f"{a.repeats} runs per precision:", "",
+            "| model | all-to-all | samples/s | predicted ms | measured ms | error |", "|---|---|---|---|---|---|",
+            *(f"| {r['model']} | {r['comm']} | {r['samples_per_s']:,.0f} | {r['predicted_step_ms']:.2f} | "
+              f"{r['measured_step_ms']:.2f} | {r['prediction_error']:+.0%} |" for r in runs)]))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cap_rows, compose_cfg, emit  # noqa: E402
+from common import cap_rows, compose_cfg, emit, record_results  # noqa: E402
 
 from neocfg.data.synthetic import SyntheticData  # noqa: E402
 from neocfg.runtime.embedding import init_rows, make_tbe  # noqa: E402
@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--optimizer", choices=["adagrad", "sgd"], default="adagrad",
                     help="adagrad: fused exact row-wise Adagrad vs torch Adagrad; sgd: fused exact SGD vs torch SGD")
+    ap.add_argument("--record", action="store_true", help="write the result into bench/RESULTS.md")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -110,6 +111,14 @@ def main() -> None:
                   s / f for f, s in zip(rounds["fused"], rounds["bag_dense"])),
               "fused_lookups_per_s": lookups / best["fused"] * 1e3, "rounds_ms": rounds}
     emit(result, a.out)
+    if a.record:
+        record_results(f"Fused embedding vs nn.EmbeddingBag ({a.model}, {a.optimizer})", "\n".join([
+            f"{len(tables)} tables ({result['rows']:,} rows, capped at {a.rows_cap:,}), batch {a.batch}, "
+            f"{a.threads} thread(s), forward + backward + update, fastest of {a.rounds} rounds:", "",
+            "| method | ms |", "|---|---|",
+            *(f"| {k} | {v:.2f} |" for k, v in best.items()), "",
+            f"fused vs EmbeddingBag with sparse gradients x{result['speedup_vs_bag_sparse']:.2f}, "
+            f"with dense gradients x{result['speedup_vs_bag_dense']:.2f}."]))
 
 
 if __name__ == "__main__":
