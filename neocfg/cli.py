@@ -24,8 +24,12 @@ from neocfg.sweep.summary import STATUS_FILE
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
+# Set (to anything but 0) to see tracebacks; `debug=true` (command line or a config file) sets it for the run.
+DEBUG_ENV = "NEOCFG_DEBUG"
+
+
 def _debug_requested(argv: list[str]) -> bool:
-    return os.environ.get("NEOCFG_DEBUG", "") not in ("", "0") or any(a in ("debug=true", "debug=True") for a in argv)
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0") or any(a in ("debug=true", "debug=True") for a in argv)
 
 
 def _run_dir() -> Path | None:
@@ -92,6 +96,8 @@ def config_search_dirs(argv: list[str]) -> list[Path]:
 @hydra.main(version_base=None, config_path=str(CONF_DIR), config_name="config")
 def _app(raw: DictConfig) -> object:
     run_dir = _run_dir()
+    if raw.get("debug") is True:   # `debug: true` in a config file counts as on the command line (main reads it)
+        os.environ[DEBUG_ENV] = "1"
     debug = _debug_requested(sys.argv[1:])
     try:
         cfg = load(raw)
@@ -198,7 +204,7 @@ def main() -> None:
         interrupt = interrupt_behind(exc)
         if interrupt is not None:
             _exit_interrupted(interrupt)
-        if debug:
+        if debug or _debug_requested([]):   # (a config file's debug: true is known once it is composed)
             raise
         print(f"neocfg: error: {format_error(exc, config_search_dirs(sys.argv[1:]))}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))

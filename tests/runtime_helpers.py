@@ -102,7 +102,8 @@ def run_reference(cfg: NeocfgConfig, world: int) -> RunState:
     """One process, unsharded tables in one fused TBE, global batch = world x batch_size."""
     tc = cfg.train
     tables = cfg.model.tables
-    source = SyntheticSource(SyntheticData.for_model(cfg.model, cfg.dsi.seed), 0, 1, tc.batch_size * world)
+    source = SyntheticSource(SyntheticData.for_model(cfg.model, cfg.dsi.seed), 0, 1, tc.batch_size * world,
+                             num_samples=cfg.dsi.num_samples)
     tbe = make_tbe([(t.num_embeddings, t.embedding_dim) for t in tables], GroupKey("fp32", "hbm"), tc,
                    torch.device("cpu"))
     for i, (t, w) in enumerate(zip(tables, tbe.split_embedding_weights())):

@@ -102,6 +102,14 @@ def test_debug_shows_traceback(cli):
     assert r.returncode != 0 and "Traceback" in r.stderr
 
 
+def test_debug_set_in_a_config_file_shows_traceback(cli, tmp_path):
+    user = tmp_path / "myconf"
+    user.mkdir()
+    (user / "myjob.yaml").write_text("defaults:\n  - config\n  - _self_\n\ndebug: true\n")
+    r = cli("--config-dir", str(user), "--config-name", "myjob", "hardware.nodes=0")
+    assert r.returncode != 0 and "Traceback" in r.stderr and "hardware.nodes" in r.stderr
+
+
 def test_an_interrupt_hidden_behind_a_library_error_is_still_an_interrupt():
     """Ctrl-C landing in OmegaConf's flag clean-up made it raise ConfigKeyError('NoneType' ...) during composition,
     which the CLI reported as `tables: unknown key`; the interrupt is in the chain and wins."""

@@ -23,10 +23,10 @@ def _sizing(hosts: int, cfg) -> PlannedDpp:
 
 def test_fixed_count_overrides_and_is_capped_with_a_warning():
     cfg = compose_cfg(["dsi=parquet_local", "dsi.workers=5"])
-    wc = worker_count(cfg.dsi, world_size=2, sizing=_sizing(40, cfg))
+    wc = worker_count(cfg.dsi, world_size=2, sizing=_sizing(40, cfg), cpus=2)
     assert (wc.total, wc.per_service, wc.source, wc.warning) == (5, 3, WorkerCountSource.fixed, "")
     cfg = compose_cfg(["dsi=parquet_local", "dsi.workers=100"])
-    wc = worker_count(cfg.dsi, world_size=2)
+    wc = worker_count(cfg.dsi, world_size=2, cpus=2)
     assert wc.per_service == 16
     assert wc.warning == ("warning: dsi.workers=100 asks for 50 worker processes per rank (100 over 2 ranks); "
                           "capped at dsi.max_workers=16")
@@ -41,14 +41,17 @@ def test_auto_turns_planned_hosts_into_local_processes_or_ray_actors():
     assert "128 cores -> 64 local worker processes per rank" in wc.note, wc.note and "dsi.max_workers=4" in wc.note
     assert wc.warning == ""  # auto never warns: it is the planner's count, fitted to this machine
     wc = worker_count(cfg.dsi, world_size=2, sizing=sizing, backend=DppBackendKind.local, cpus=2)
-    assert wc.per_service == 1 and "this machine has 2 cores for 2 ranks" in wc.note and wc.warning == ""
-    wc = worker_count(cfg.dsi, world_size=2, sizing=sizing, backend=DppBackendKind.ray)
+    assert wc.per_service == 1 and "hardware.host.cpu_cores=2 for 2 ranks per host" in wc.note and wc.warning == ""
+    # 4 ranks on 2 hosts of 4 cores: each host's 2 ranks share its 4 cores
+    wc = worker_count(cfg.dsi, world_size=4, sizing=sizing, backend=DppBackendKind.local, cpus=4, ranks_per_host=2)
+    assert wc.per_service == 2 and "cpu_cores=4 for 2 ranks per host" in wc.note
+    wc = worker_count(cfg.dsi, world_size=2, sizing=sizing, backend=DppBackendKind.ray, cpus=2)
     assert (wc.total, wc.per_service) == (2, 2) and "2 Ray worker actor(s) of 64 CPUs each" in wc.note
 
 
 def test_auto_without_a_sizing_estimates():
     cfg = compose_cfg(["dsi=parquet_local"])
-    wc = worker_count(cfg.dsi, world_size=2)
+    wc = worker_count(cfg.dsi, world_size=2, cpus=2)
     assert wc.source is WorkerCountSource.estimate and (wc.total, wc.per_service) == (3, 2)
 
 

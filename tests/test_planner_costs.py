@@ -112,6 +112,21 @@ def test_uvm_caching_and_host(cost, table):
     assert st.hbm == buffers and st.host == 1000 * 16 * 4 + 1000 * 4
 
 
+def test_host_reads_bounded_by_the_ddr_share(table):
+    """Misses and host-tier rows come from host DDR shared by the node's 4 devices: 8 GB/s of DDR is 2 GB/s per
+    device, slower than the 10 GB/s PCIe link, so it sets the rate; 400 GB/s (100 per device) leaves PCIe's."""
+    nbytes = 800 * 2 * 16 * 4
+    slow = CostModel.from_config(round_cfg(TABLE, "hardware.host.ddr_bandwidth_gbs=8"))
+    perf, _ = slow.piece(table, ShardingType.table_wise, MemoryTier.host, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(nbytes / 2e9 * 1e3)
+    h = zipf_hit_rate(1000, 1.0, 0.2)
+    perf, _ = slow.piece(table, ShardingType.table_wise, MemoryTier.uvm_caching, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(nbytes * (h / 1000e9 + (1 - h) / 2e9) * 1e3)
+    fast = CostModel.from_config(round_cfg(TABLE, "hardware.host.ddr_bandwidth_gbs=400"))
+    perf, _ = fast.piece(table, ShardingType.table_wise, MemoryTier.host, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(nbytes / 10e9 * 1e3)
+
+
 def test_optimizer_state(table):
     for opt, state in (("exact_adagrad", 1000 * 16 * 4), ("exact_sgd", 0)):
         cost = CostModel.from_config(round_cfg(TABLE, f"train.sparse_optimizer={opt}"))

@@ -155,3 +155,43 @@ def test_small_model_on_many_devices_closes_its_gap(solver):
     s = plan_placement(cfg).solver
     assert s.algorithm == "ilp"
     assert s.status in ("optimal", "within_gap") and s.gap <= cfg.planner.mip_gap, s
+
+
+SMALL_16 = [("tw", 1000, 32, 1), ("cw", 2000, 32, 1), ("twcw", 1500, 32, 1), ("dp", 100, 32, 1), ("rw", 5000, 32, 1)]
+# One case per PlacementSource value: the method whose plan each of these keeps (planner.ilp.solve_ilp: the warm
+# start unless another candidate is strictly better; the flat model at or below planner.exact_max_variables).
+PLACEMENT_SOURCES = {
+    # dlrm_tiny on 2 CPU ranks: the greedy plan improved by local search is already optimal
+    "warm_start": lambda: compose_cfg([]),
+    # the exact flat model beats the warm start and the aggregated choice (TINY_INSTANCES[0] on 8 devices, gap 0)
+    "ilp": lambda: round_cfg(TINY_INSTANCES[0], "planner.mip_gap=0", "planner.costs.comm_tiebreak=0"),
+    # five small tables over 16 GPUs: the aggregated MIP's choice closes the gap before the exact model runs
+    "ilp_choice": lambda: compose_cfg(["hardware=zionex_2node", tables_override(SMALL_16), "model.interaction=dcn",
+                                       "planner.time_limit_s=10"]),
+    # criteo_kaggle on 16 GPUs is decomposed; its LP relaxation's choice, placed, is within the gap
+    "lp_choice": lambda: compose_cfg(["model=criteo_kaggle", "hardware=zionex_2node", "planner.time_limit_s=10"]),
+    "greedy": lambda: compose_cfg(["planner.algorithm=greedy"]),
+}
+
+
+@pytest.mark.parametrize("source", list(PLACEMENT_SOURCES))
+def test_placement_source_names_the_method_whose_plan_was_kept(source):
+    s = plan_placement(PLACEMENT_SOURCES[source]()).solver
+    assert s.placement_source == source, s
+    assert s.lower_bound_ms <= s.objective_ms * (1 + 1e-9)
+
+
+def test_placement_source_of_a_rated_plan_is_given(tmp_path):
+    from neocfg.planner.estimate import rate_plan_file
+
+    cfg = compose_cfg([])
+    path = tmp_path / "plan.json"
+    make_plan(cfg).save(path)
+    rated = rate_plan_file(cfg, path)
+    assert rated.solver.placement_source == "given" and rated.solver.algorithm == "given"
+
+
+def test_placement_source_covers_every_value():
+    from neocfg.planner.types import PlacementSource
+
+    assert set(PLACEMENT_SOURCES) | {"given"} == {s.value for s in PlacementSource}

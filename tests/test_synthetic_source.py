@@ -90,6 +90,40 @@ def test_ranks_scatter_exactly_in_tables_beyond_int64_products():
         assert [int(g) for g in scatter_ranks(ranks, rows, 3)] == [(int(r) * m + c) % rows for r in ranks]
 
 
+def test_num_samples_is_the_epoch_every_rank_cycles_through():
+    """dsi.num_samples distinct samples: within an epoch the ranks' batches are disjoint and cover them all; then
+    the same samples again in the same order, a batch that straddles the end taking the first ones."""
+    n, world, b = 100, 2, 24
+    ranks = [SyntheticSource(DATA, rank=r, world_size=world, batch_size=b, num_samples=n) for r in range(world)]
+    seen = np.concatenate([src.next_batch().sample_ids.numpy() for _ in range(5) for src in ranks])
+    assert seen.size == 240
+    np.testing.assert_array_equal(seen[:100], np.arange(100))                  # one epoch, every sample once
+    np.testing.assert_array_equal(seen[100:200], np.arange(100))               # then again, in the same order
+    straddle = SyntheticSource(DATA, rank=0, world_size=1, batch_size=30, num_samples=n)
+    straddle.load_state_dict({"step": 3})                                       # positions 90..119
+    got = straddle.next_batch()
+    np.testing.assert_array_equal(got.sample_ids.numpy(), np.r_[90:100, 0:20])
+    want = BatchArrays.concat([DATA.batch_arrays(90, 10), DATA.batch_arrays(0, 20)])
+    np.testing.assert_array_equal(got.values.numpy(), want.values)
+    np.testing.assert_array_equal(got.lengths.numpy(), want.lengths)
+
+
+def test_make_source_takes_the_epoch_from_dsi_num_samples(capsys):
+    from conftest import compose_cfg
+    from neocfg.data.source import make_source
+
+    cfg = compose_cfg(["dsi.num_samples=600", "train.batch_size=256"])
+    src = make_source(cfg, 0, 2)
+    ids = np.concatenate([src.next_batch().sample_ids.numpy() for _ in range(3)])
+    src.close()
+    # rank 0 of 2: positions 0, 512, 1024 -> samples 0.., 512..599 then 0..167, 424..
+    np.testing.assert_array_equal(ids, np.r_[0:256, 512:600, 0:168, 424:600, 0:80])
+    assert "warning" not in capsys.readouterr().out
+    small = make_source(compose_cfg(["dsi.num_samples=300", "train.batch_size=256"]), 0, 2)
+    small.close()
+    assert "dsi.num_samples=300 (the synthetic epoch): every step repeats samples" in capsys.readouterr().out
+
+
 def _source(step: int = 0) -> SyntheticSource:
     s = SyntheticSource(DATA, rank=1, world_size=2, batch_size=24)
     s.load_state_dict({"step": step})

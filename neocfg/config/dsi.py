@@ -100,7 +100,9 @@ class DsiConfig:
     source: DataSource = DataSource.synthetic
     # Dataset directory for source=parquet (relative paths are taken from the directory neocfg was started in).
     path: Optional[str] = None
-    # Dataset size and shape for generation (mode=gen_data) and for synthetic in-process data.
+    # Distinct training samples: the dataset mode=gen_data writes, and the epoch of source=synthetic (the ranks read
+    # samples 0..num_samples-1 in turn, then the same samples again in the same order; its held-out batches are
+    # other samples). Then the files' shape (mode=gen_data).
     num_samples: int = 65536
     num_files: int = 4
     row_groups_per_file: int = 4

@@ -17,7 +17,8 @@ class CostConstants:
     """
 
     # Fraction of peak HBM bandwidth a fused embedding lookup (fbgemm TBE) reaches on random row gathers: TBE
-    # forward reaches about half of the A100's 1.55 TB/s at D=128 (Neo, ISCA'22, section 5.1 / fig. 9).
+    # forward reaches about half of the A100's 1.55 TB/s at D=128 (Neo, ISCA'22, section 5.1 / fig. 9). Also taken
+    # for random row gathers from host DDR (UVM cache misses, host-resident tables: hardware.host.ddr_bandwidth_gbs).
     hbm_efficiency: float = 0.5
     # Fraction of PCIe bandwidth reached by UVM reads of scattered rows (cache misses, host-resident tables): small
     # random transactions over PCIe run at roughly a quarter of the streaming rate (Neo section 5.2, UVM caching).

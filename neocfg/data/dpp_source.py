@@ -143,7 +143,9 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     if eval:
         workers = WorkerCount(total=world_size, per_service=1, source=WorkerCountSource.fixed)
     else:
-        workers = worker_count(d, world_size, sizing, kind)
+        hw = cfg.hardware
+        workers = worker_count(d, world_size, sizing, kind, cpus=hw.host.cpu_cores,
+                               ranks_per_host=min(hw.devices_per_node, world_size))
         _say(rank, workers.warning)
         _say(rank, workers.note if workers.source is not WorkerCountSource.fixed else "")
     per = workers.per_service

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
-from neocfg.data.synthetic import SyntheticData
+from neocfg.data.arrays import BatchArrays
+from neocfg.data.synthetic import SyntheticData, as_batch
 from neocfg.types import DataSource
 
 if TYPE_CHECKING:
@@ -34,23 +35,38 @@ class BatchSource(Protocol):
 
 
 class SyntheticSource:
-    """Rank r's step s is samples [(s * world + r) * B, ... + B): disjoint over ranks, identical on every run."""
+    """Rank r's step s is samples [(s * world + r) * B, ... + B) of an epoch of `num_samples` distinct samples
+    (dsi.num_samples; positions wrap around, so epoch e repeats epoch 0's samples in the same order; None: no end):
+    disjoint over ranks within an epoch, identical on every run."""
 
-    def __init__(self, data: SyntheticData, rank: int, world_size: int, batch_size: int, first_sample: int = 0):
+    def __init__(self, data: SyntheticData, rank: int, world_size: int, batch_size: int, first_sample: int = 0,
+                 num_samples: Optional[int] = None):
         self.data, self.rank, self.world, self.batch_size = data, rank, world_size, batch_size
-        self.first_sample = first_sample
+        self.first_sample, self.num_samples = first_sample, num_samples
         self.step = 0
         self.wait_s = 0.0
         self.delivered = 0
 
     def next_batch(self) -> Batch:
         t0 = time.perf_counter()
-        start = self.first_sample + (self.step * self.world + self.rank) * self.batch_size
-        batch = self.data.batch(start, self.batch_size)
+        start = (self.step * self.world + self.rank) * self.batch_size
+        batch = self._samples(start, self.batch_size)
         self.step += 1
         self.delivered += self.batch_size
         self.wait_s += time.perf_counter() - t0
         return batch
+
+    def _samples(self, position: int, count: int) -> Batch:
+        """`count` samples from `position` of the endless sequence of epochs."""
+        n = self.num_samples
+        if n is None:
+            return self.data.batch(self.first_sample + position, count)
+        runs, at, left = [], position % n, count
+        while left:
+            take = min(left, n - at)
+            runs.append(self.data.batch_arrays(self.first_sample + at, take))
+            at, left = 0, left - take
+        return as_batch(BatchArrays.concat(runs))
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step}
@@ -160,6 +176,11 @@ def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = F
 
         return make_dpp_source(cfg, rank, world_size, eval=eval, sizing=sizing, share=share)
     data = SyntheticData.for_model(cfg.model, cfg.dsi.seed)
-    first = EVAL_FIRST_SAMPLE if eval else 0
-    return Prefetcher(SyntheticSource(data, rank, world_size, cfg.train.batch_size, first_sample=first),
+    d, b = cfg.dsi, cfg.train.batch_size
+    # held-out batches: a stream of samples no training epoch holds
+    first, epoch = (EVAL_FIRST_SAMPLE, None) if eval else (0, d.num_samples)
+    if epoch is not None and rank == 0 and b * world_size > epoch:
+        print(f"warning: train.batch_size={b} x {world_size} ranks = {b * world_size:,} samples per step is more than"
+              f" dsi.num_samples={epoch:,} (the synthetic epoch): every step repeats samples", flush=True)
+    return Prefetcher(SyntheticSource(data, rank, world_size, b, first_sample=first, num_samples=epoch),
                       pin_memory=pin_memory)

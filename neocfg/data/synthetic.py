@@ -108,8 +108,12 @@ class SyntheticData:
         return dataclasses.asdict(self.batch_arrays(start, count))
 
     def batch(self, start: int, count: int) -> Batch:
-        a = self.batch_arrays(start, count)
-        return Batch(dense=torch.from_numpy(a.dense), lengths=torch.from_numpy(a.lengths),
+        return as_batch(self.batch_arrays(start, count))
+
+
+def as_batch(a: BatchArrays) -> Batch:
+    """The torch Batch over the same memory (zero-copy)."""
+    return Batch(dense=torch.from_numpy(a.dense), lengths=torch.from_numpy(a.lengths),
                      values=torch.from_numpy(a.values), labels=torch.from_numpy(a.labels),
                      sample_ids=torch.from_numpy(a.sample_ids))
 

@@ -3,8 +3,9 @@
 Notation (per step): B samples per device, W devices (world), P devices per node, G = B x W samples globally,
 L the table's pooling factor, D its dimension, c the columns of a slice, r the rows of a shard.
 
-Compute  lookup bytes / effective bandwidth of the tier (HBM; UVM caching mixes HBM hits and PCIe misses; host reads
-         over PCIe); backward with the fused optimizer = `bwd_compute_multiplier` x forward.
+Compute  lookup bytes / effective bandwidth of the tier (HBM; UVM caching mixes HBM hits and misses read from host DDR
+         over PCIe; host-tier reads the same way: the slower of the PCIe link and the device's share of the host's DDR
+         bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward.
 Comm     all-to-all from/to every device: bytes x (fraction within the node / intra bandwidth + fraction across
          nodes / inter bandwidth); reduce-scatter / all-gather / all-reduce hierarchically (within the node, then
          1/P of the data across nodes). All divided by `comm_efficiency`.
@@ -110,6 +111,7 @@ class CostModel:
     consts: CostConstants
     hbm_bandwidth_gbs: float
     pcie_bandwidth_gbs: float
+    ddr_bandwidth_gbs: float  # the device's share of its host's DDR bandwidth (the node's devices read it at once)
     intra_gbs: float
     inter_gbs: float
     peak_tflops: float
@@ -137,7 +139,8 @@ class CostModel:
         host = int(hw.host.ddr_gib * GIB * (1 - c.host_reserve_fraction) / hw.devices_per_node)
         return CostModel(
             topo=topo, batch_size=cfg.train.batch_size, consts=c, hbm_bandwidth_gbs=hw.device.hbm_bandwidth_gbs,
-            pcie_bandwidth_gbs=hw.host.pcie_bandwidth_gbs, intra_gbs=hw.intra_node_bandwidth_gbs,
+            pcie_bandwidth_gbs=hw.host.pcie_bandwidth_gbs,
+            ddr_bandwidth_gbs=hw.host.ddr_bandwidth_gbs / hw.devices_per_node, intra_gbs=hw.intra_node_bandwidth_gbs,
             inter_gbs=hw.inter_node_bandwidth_gbs,
             peak_tflops=hw.device.peak_tflops_at(cfg.train.dense_precision), cache_ratio=pl.cache_ratio,
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
@@ -217,13 +220,21 @@ class CostModel:
     # ---- compute -----------------------------------------------------------------------------------------
     def lookup_ms_per_byte(self, table: TableConfig, tier: MemoryTier, rows: int) -> float:
         hbm = 1.0 / (self.hbm_bandwidth_gbs * GB * self.consts.hbm_efficiency)
-        pcie = 1.0 / (self.pcie_bandwidth_gbs * GB * self.consts.pcie_efficiency)
+        pcie = self.host_read_s_per_byte()
         if tier is MemoryTier.hbm:
             return hbm * MS
         if tier is MemoryTier.uvm_caching:
             h = zipf_hit_rate(rows, table.alpha, self.cache_ratio)
             return (h * hbm + (1 - h) * pcie) * MS
         return pcie * MS
+
+    def host_read_s_per_byte(self) -> float:
+        """Seconds per byte of rows gathered from host DDR (UVM cache misses, host-resident tables): the slower of the
+        PCIe link (scattered reads at pcie_efficiency) and the device's share of the host's DDR bandwidth (random row
+        gathers at hbm_efficiency, the same access pattern as a TBE on device memory)."""
+        pcie = 1.0 / (self.pcie_bandwidth_gbs * GB * self.consts.pcie_efficiency)
+        ddr = 1.0 / (self.ddr_bandwidth_gbs * GB * self.consts.hbm_efficiency)
+        return max(pcie, ddr)
 
     def compute(self, table: TableConfig, shape: PieceShape, tier: MemoryTier, dtype: WeightsDtype) -> Perf:
         fwd = shape.lookup_rows * shape.cols * dtype.bytes * self.lookup_ms_per_byte(table, tier, shape.rows)

@@ -13,7 +13,6 @@ The conversion is said in one line; a fixed dsi.workers beyond what is possible 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
@@ -61,9 +60,11 @@ class WorkerCount:
 
 
 def worker_count(dsi: DsiConfig, world_size: int, sizing: Optional[PlannedDpp] = None,
-                 backend: Optional[DppBackendKind] = None, cpus: Optional[int] = None) -> WorkerCount:
+                 backend: Optional[DppBackendKind] = None, *, cpus: int,
+                 ranks_per_host: Optional[int] = None) -> WorkerCount:
+    """cpus: one trainer host's cores (hardware.host.cpu_cores), which the local worker processes of its ranks
+    (ranks_per_host, default every rank: hardware.devices_per_node) share."""
     backend = backend or dsi.backend
-    cpus = cpus or os.cpu_count() or 1
     job_wide = backend is DppBackendKind.ray
     cap = dsi.max_workers
     if dsi.workers != "auto":
@@ -88,9 +89,10 @@ def worker_count(dsi: DsiConfig, world_size: int, sizing: Optional[PlannedDpp] =
                                 f"{sizing.cores_per_host:g} CPUs each{capped}")
     processes = max(1, math.ceil(sizing.hosts * sizing.cores_per_host))
     want = math.ceil(processes / world_size)
-    fit = min(cap, max(1, cpus // world_size))
+    local = ranks_per_host or world_size
+    fit = min(cap, max(1, cpus // local))
     per = min(want, fit)
-    why = "" if per == want else (f" (this machine has {cpus} cores for {world_size} ranks)"
+    why = "" if per == want else (f" (hardware.host.cpu_cores={cpus} for {local} ranks per host)"
                                   if fit < cap else f" (at most dsi.max_workers={cap})")
     return WorkerCount(total=processes, per_service=per, source=WorkerCountSource.planner,
                        note=f"DPP: the plan sizes {sizing.shape} worker host(s), {processes} cores -> {want} local "
