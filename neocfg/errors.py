@@ -52,6 +52,13 @@ class CheckpointLockedError(CheckpointError):
     exit_code = 7
 
 
+class DivergedError(NeocfgError):
+    """The training loss became non-finite, or grew past train.divergence_factor times its first value: the run
+    stops (the checkpoints it completed before are kept)."""
+
+    exit_code = 9
+
+
 class SweepFailedError(NeocfgError):
     """Every run of a multirun failed."""
 

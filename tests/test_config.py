@@ -59,6 +59,18 @@ def test_overrides_apply():
     assert cfg.mode is Mode.train  # the default job
 
 
+def test_integer_keys_take_integral_floats(tmp_path):
+    """1e7 and 2.0, as people write them, on the command line and in a preset of one's own."""
+    cfg = compose_cfg(["model.tables.0.num_embeddings=1e7", "train.steps=2.0", "model.bottom_mlp=[64,32.0,16]"])
+    assert cfg.model.tables[0].num_embeddings == 10_000_000 and type(cfg.model.tables[0].num_embeddings) is int
+    assert cfg.train.steps == 2 and cfg.model.bottom_layers == [64, 32, 16]
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text(
+        "name: mine\ntables:\n  - {name: a, num_embeddings: 1e7, embedding_dim: 16.0}\n")
+    cfg = compose_cfg(["model=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert cfg.model.tables[0].num_embeddings == 10_000_000 and cfg.model.tables[0].embedding_dim == 16
+
+
 def test_node_count_override_works_on_presets():
     cfg = compose_cfg(["hardware=zionex_1node", "hardware.nodes=4"])
     assert cfg.hardware.num_devices == 32

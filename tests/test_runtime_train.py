@@ -136,3 +136,38 @@ def test_under_torchrun(tmp_path):
     assert len(metrics) == 1  # only rank 0 reports
     m = json.loads(metrics[0].read_text())
     assert m["world_size"] == 2 and m["steps"] == STEPS
+
+
+def test_diverging_run_stops_with_one_line(cli, tmp_path):
+    """Learning rates of 1000 blow the loss up within a few steps: the whole `mode=train` process stops at the first
+    check after it with one line naming the step and the loss, exit code 9, and keeps the checkpoints it completed
+    before (none of a diverged state)."""
+    import re
+
+    plan = _plan_file(tmp_path, MIXED)
+    ckpt = tmp_path / "ckpt"
+    r = cli(*COMMON, "train.steps=40", f"planner.plan_file={plan}", "train.dense_learning_rate=1000",
+            "train.sparse_learning_rate=1000", "train.checkpoint_every=1", f"train.checkpoint_dir={ckpt}",
+            timeout=300)
+    assert r.returncode == 9, r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.startswith("neocfg:")]
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    m = re.search(r"training diverged at step (\d+): loss (\S+) ", lines[0])
+    assert m is not None, lines[0]
+    step, loss = int(m.group(1)), float(m.group(2))
+    assert step >= 2 and (loss != loss or loss > 10 * 0.69), lines[0]   # NaN, or 10x a first log loss near 0.69
+    saved = sorted(int(p.name.split("_")[1]) for p in ckpt.glob("step_*"))
+    assert saved and max(saved) == step - 1, saved
+    assert not _metrics(tmp_path)
+
+
+def test_divergence_check_names_the_first_bad_step():
+    from neocfg.errors import DivergedError
+    from neocfg.runtime.train import check_divergence
+
+    check_divergence([0.69, 0.7, 6.0, 0.5], 0, 10.0)                        # below 10x the first loss: trains on
+    with pytest.raises(DivergedError, match="at step 3: loss 7"):
+        check_divergence([0.69, 0.7, 7.0, 1e9], 1, 10.0)
+    with pytest.raises(DivergedError, match="at step 2: loss nan is not finite"):
+        check_divergence([0.69, float("nan")], 1, 10.0)
+    check_divergence([0.69, 1e9], 2, 10.0)                                   # steps already checked: not again

@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from neocfg.config.dsi import DsiConfig
 from neocfg.config.hardware import HardwareConfig
 from neocfg.config.model import ModelConfig
+from neocfg.config.numbers import accept_integral_floats
 from neocfg.config.planner import PlannerConfig
 from neocfg.config.sweep import SweepConfig
 from neocfg.config.train import TrainConfig
@@ -90,6 +91,7 @@ SCHEMA_NAME = "neocfg_schema"
 
 
 def register() -> None:
+    accept_integral_floats()
     ConfigStore.instance().store(name=SCHEMA_NAME, node=NeocfgConfig)
 
 

@@ -71,8 +71,10 @@ def check_trainable(cfg: NeocfgConfig) -> None:
 def render(m: dict[str, Any]) -> str:
     lines = [f"trained {m['model']} on {m['world_size']} ranks: {m['steps']} steps, {m['samples']:,} samples, "
              f"{m['samples_per_s']:,.0f} samples/s",
-             f"  loss {m['initial_loss']:.4f} -> {m['final_loss']:.4f} (mean of last 10 steps "
-             f"{m['final_loss_mean_last_10']:.4f})"]
+             f"  loss {m['initial_loss']:.4g} (step 1) -> {m['final_loss']:.4g} (step {m['steps']}); "
+             + (f"highest {m['max_loss']:.4g} at step {m['max_loss_step']}; "
+                if m.get("max_loss") is not None and m["max_loss"] > m["initial_loss"] else "")
+             + f"mean of the last 10 steps {m['final_loss_mean_last_10']:.4g}"]
     if m.get("eval_auc") is not None:
         lines.append(f"  held-out ({m['eval_samples']:,} samples): AUC {m['eval_auc']:.4f}, NE {m['eval_ne']:.4f}, "
                      f"log loss {m['eval_logloss']:.4f}")

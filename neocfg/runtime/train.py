@@ -10,6 +10,7 @@ as one process training the unsharded model on the global batch.
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import signal
 import time
@@ -26,7 +27,7 @@ from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.source import BatchSource, make_source
-from neocfg.errors import ConfigError
+from neocfg.errors import ConfigError, DivergedError
 from neocfg.plan import Plan
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm
@@ -264,6 +265,7 @@ class Trainer:
             print(f"train.resume=true but no checkpoint in {self.ckpt.root if self.ckpt else '-'}; starting fresh")
         kill_at, hang_at = _fault_step(self.rank), _fault_step(self.rank, "hang")
         local_losses, timed = [], []
+        settled: list[float] = []   # this run's global mean losses, up to the last divergence check
         global_batch = tc.batch_size * self.world
         bar = tqdm(total=tc.steps, initial=self.step, disable=not (show_progress and self.rank == 0),
                    unit="step", dynamic_ncols=True)
@@ -288,15 +290,21 @@ class Trainer:
                 os.kill(os.getpid(), signal.SIGKILL)
             if hang_at is not None and self.step == hang_at:
                 time.sleep(1e6)
-            if self.ckpt and tc.checkpoint_every and (self.step % tc.checkpoint_every == 0 or self.step == tc.steps):
+            saving = bool(self.ckpt and tc.checkpoint_every and (self.step % tc.checkpoint_every == 0
+                                                                 or self.step == tc.steps))
+            if tc.divergence_factor and (saving or self.step % tc.log_every == 0 or self.step == tc.steps):
+                # (a diverged state is never saved; every rank sees the same global losses and stops together)
+                settled += self._global_losses(local_losses[len(settled):])
+                check_divergence(self.losses + settled, len(self.losses), tc.divergence_factor)
+            if saving:
                 t_ckpt = time.perf_counter()
-                self._save_with_losses(local_losses)
+                self._save_with_losses(settled, local_losses[len(settled):])
                 ckpt_s += time.perf_counter() - t_ckpt
         bar.close()
         # Step timing leaves out checkpoint writes (reported separately).
         t_end = time.perf_counter() - ckpt_s
         self.checkpoint_s = ckpt_s
-        new_losses = self._global_losses(local_losses)
+        new_losses = settled + self._global_losses(local_losses[len(settled):])
         self.losses += new_losses
         ev = evaluate(*self.predict(tc.eval_batches)) if tc.eval_batches else None
         return self._report(new_losses, timed, t_start, t_timed, t_end, ev, resumed_from)
@@ -308,9 +316,9 @@ class Trainer:
         dist.all_reduce(t, group=self.comm.group)
         return (t / self.world).tolist()
 
-    def _save_with_losses(self, local_losses: list[torch.Tensor]) -> None:
+    def _save_with_losses(self, settled: list[float], local_losses: list[torch.Tensor]) -> None:
         saved = self.losses
-        self.losses = saved + self._global_losses(local_losses)
+        self.losses = saved + settled + self._global_losses(local_losses)
         self.ckpt.save(self.step, self.plan, self.state())
         self.losses = saved
 
@@ -362,6 +370,8 @@ class Trainer:
             "initial_loss": self.losses[0] if self.losses else None,
             "final_loss": self.losses[-1] if self.losses else None,
             "final_loss_mean_last_10": (sum(self.losses[-10:]) / len(self.losses[-10:])) if self.losses else None,
+            "max_loss": max(self.losses) if self.losses else None,
+            "max_loss_step": (self.losses.index(max(self.losses)) + 1) if self.losses else None,
             "losses": self.losses,
             "eval_samples": ev.samples if ev else 0, "eval_logloss": ev.logloss if ev else None,
             "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
@@ -385,6 +395,20 @@ class Trainer:
                     "bytes_read": data.get("dpp.bytes_read", 0)},
         }
         return RankResult(0, self.losses, metrics)
+
+
+def check_divergence(losses: list[float], checked: int, factor: float) -> None:
+    """DivergedError at the first of losses[checked:] (global mean loss per step, step i + 1) that is NaN/inf or more
+    than factor times losses[0]."""
+    first = losses[0] if losses else 0.0
+    for i in range(checked, len(losses)):
+        loss = losses[i]
+        if not math.isfinite(loss) or (math.isfinite(first) and loss > factor * first):
+            why = "is not finite" if not math.isfinite(loss) else f"is more than {factor:g}x the first loss {first:.4g}"
+            raise DivergedError(
+                f"training diverged at step {i + 1}: loss {loss:.4g} {why} (train.divergence_factor={factor:g}); "
+                f"lower train.dense_learning_rate / train.sparse_learning_rate (checkpoints written before step "
+                f"{i + 1} are kept)")
 
 
 def produce_ms(data: dict[str, Any], breakdown: dict[str, float], world: int, steps: int) -> float:
