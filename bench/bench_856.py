@@ -50,12 +50,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for sharding in a.sharding.split(","):
             m = run(config(sharding, a.steps, a.batch, tuple(a.set)), Path(tmp) / sharding)
-            b = m["breakdown_ms"]
-            share = (b["data_wait"] + b["comm_input"]) / m["measured_step_ms"]
-            rows.append({"sharding": sharding, "samples_per_s": m["samples_per_s"],
-                         "measured_step_ms": m["measured_step_ms"], "predicted_step_ms": m["predicted_step_ms"],
+            b = m.breakdown_ms
+            share = (b["data_wait"] + b["comm_input"]) / m.measured_step_ms
+            rows.append({"sharding": sharding, "samples_per_s": m.samples_per_s,
+                         "measured_step_ms": m.measured_step_ms, "predicted_step_ms": m.predicted_step_ms,
                          "data_wait_plus_comm_input_share": share, "breakdown_ms": b})
-            print(f"{sharding}: {m['samples_per_s']:.0f} samples/s, step {m['measured_step_ms']:.0f} ms, "
+            print(f"{sharding}: {m.samples_per_s:.0f} samples/s, step {m.measured_step_ms:.0f} ms, "
                   f"data_wait {b['data_wait']:.1f} ms + comm_input {b['comm_input']:.1f} ms = {share:.1%} "
                   f"(target <= 10%)", file=sys.stderr)
     emit({"bench": "prod_856_shaped_cpu_local", "rows_cap": ROWS_CAP, "dim": DIM, "batch_per_rank": a.batch,

@@ -50,7 +50,7 @@ def main() -> None:
                 plan.save(plan_file)
                 cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, plan_file=str(plan_file)))
                 m = run(cfg, Path(tmp) / f"{model}_{comm}_{len(runs)}")
-                row = {k: m[k] for k in ("model", "world_size", "global_batch", "steps", "samples_per_s",
+                row = {k: getattr(m, k) for k in ("model", "world_size", "global_batch", "steps", "samples_per_s",
                                          "predicted_step_ms", "measured_step_ms", "prediction_error", "eval_auc",
                                          "breakdown_ms")}
                 row["comm"] = comm

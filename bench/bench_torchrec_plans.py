@@ -250,8 +250,8 @@ def measure(world: int, rows_cap: int, batch: int, steps: int, repeats: int, tmp
             run_cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, plan_file=str(files[who])))
             with contextlib.redirect_stdout(io.StringIO()):  # run() prints its report; the JSON keeps the numbers
                 m = run(run_cfg, tmp / f"run_{who}_{world}_{i}")
-            measured[who].append(m["measured_step_ms"])
-            print(f"  world {world} {who} repeat {i}: {m['measured_step_ms']:.2f} ms/step", file=sys.stderr,
+            measured[who].append(m.measured_step_ms)
+            print(f"  world {world} {who} repeat {i}: {m.measured_step_ms:.2f} ms/step", file=sys.stderr,
                   flush=True)
     med = {k: statistics.median(v) for k, v in measured.items()}
     # Each repeat runs both plans back to back: the ratio within a pair is less exposed to the machine's load drifting

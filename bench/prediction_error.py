@@ -46,19 +46,19 @@ def main() -> None:
                 plan.save(plan_file)
                 cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, plan_file=str(plan_file)))
                 runs = [run(cfg, Path(tmp) / f"run_{model}_{batch}_{i}") for i in range(a.repeats)]
-                measured = statistics.median(m["measured_step_ms"] for m in runs)
+                measured = statistics.median(m.measured_step_ms for m in runs)
                 pred = plan.estimate.step_ms
                 points.append({
                     "model": model, "batch_per_rank": batch, "predicted_step_ms": round(pred, 3),
                     "measured_step_ms_median": round(measured, 3),
-                    "measured_step_ms_all": [round(m["measured_step_ms"], 3) for m in runs],
+                    "measured_step_ms_all": [round(m.measured_step_ms, 3) for m in runs],
                     "prediction_error": round((measured - pred) / pred, 3),
                     "shardings": sorted({t.sharding.value for t in plan.tables}),
                     # metrics.json's own term-by-term pairs: the planner's term, then the median measured one.
                     "terms_predicted_vs_measured_ms": {
-                        term: [round(pair[0], 3),
-                               round(statistics.median(m["predicted_vs_measured_ms"][term][1] for m in runs), 3)]
-                        for term, pair in runs[0]["predicted_vs_measured_ms"].items()}})
+                        term: [round(pair.predicted, 3),
+                               round(statistics.median(m.predicted_vs_measured_ms[term].measured for m in runs), 3)]
+                        for term, pair in runs[0].predicted_vs_measured_ms.items()}})
                 print(points[-1], file=sys.stderr, flush=True)
     emit({"bench": "prediction_error", "overrides": a.set, "steps": a.steps, "repeats": a.repeats,
           "points": points}, a.out)

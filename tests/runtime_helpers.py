@@ -14,6 +14,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.data.source import SyntheticSource
 from neocfg.data.synthetic import SyntheticData
 from neocfg.plan import Plan
+from neocfg.run_metrics import RunMetrics
 from neocfg.runtime.dlrm import build_dense, make_dense_optimizer
 from neocfg.runtime.embedding import init_rows, make_tbe
 from neocfg.runtime.launch import RankEnv, launch
@@ -27,7 +28,7 @@ class RunState:
     tables: list[torch.Tensor]             # full tables, assembled from the shards
     optimizer: list[Optional[torch.Tensor]]  # full optimizer state per table (None for SGD)
     dense: dict[str, torch.Tensor]
-    metrics: Optional[dict[str, Any]] = None
+    metrics: Optional[RunMetrics] = None
     replicas: int = 0                        # data-parallel replicas compared with rank 0's
     replicas_identical: bool = True          # ... and all bit-identical (weights and optimizer state)
 

@@ -58,7 +58,7 @@ def test_one_gpu_nccl_equals_the_cpu_reference(tier, dtype):
     init = run_reference(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=0)), 1)
     assert _max_diff(tables, init.tables) > 10 * w_tol, "the tables did not train"
     # CUDA-event times were resolved at the end: every category is a real, non-negative duration
-    b = got["metrics"]["breakdown_ms"]
+    b = got["metrics"].breakdown_ms
     assert b["total"] > 0 and all(v >= 0 for v in b.values())
 
 
@@ -76,5 +76,5 @@ def test_profile_synchronizes_and_still_reports_every_category():
     cfg = _cfg(SparseOptimizer.exact_rowwise_adagrad, profile=True)
     plan = rule_plan(cfg.model, world=1, devices_per_node=1, batch_size=BATCH)
     (_, _, got), = _run([(cfg, plan)])
-    b = got["metrics"]["breakdown_ms"]
+    b = got["metrics"].breakdown_ms
     assert b["emb_fwd"] > 0 and b["dense"] > 0 and b["total"] >= b["emb_fwd"] + b["dense"] * 0.5

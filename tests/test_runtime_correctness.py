@@ -167,16 +167,16 @@ def test_sharded_equals_unsharded(results, name):
 def test_metrics_of_a_sharded_run(results):
     got, _ = results["mixed"]
     m = got.metrics
-    assert m["steps"] == STEPS and m["samples"] == STEPS * BATCH * 2
-    assert m["samples_per_s"] > 0 and m["eval_auc"] is not None
+    assert m.steps == STEPS and m.samples == STEPS * BATCH * 2
+    assert m.samples_per_s > 0 and m.eval_auc is not None
     for k in ("data_wait", "emb_fwd", "emb_bwd", "comm_input", "comm_fwd", "comm_bwd", "dense", "total"):
-        assert m["breakdown_ms"][k] >= 0
-    assert len(m["breakdown_ms_per_rank"]) == 2
+        assert m.breakdown_ms[k] >= 0
+    assert len(m.breakdown_ms_per_rank) == 2
     # every batch's ids were exchanged in the prefetch thread (ids_exchange=auto with row-sharded tables), on both
     # ranks; none with ids_exchange=step, nor under auto without a row-sharded table
-    assert m["data"]["batches_prepared"] >= 2 * STEPS
-    assert results["mixed_in_step"][0].metrics["data"]["batches_prepared"] == 0
-    assert results["tw"][0].metrics["data"]["batches_prepared"] == 0
+    assert m.data["batches_prepared"] >= 2 * STEPS
+    assert results["mixed_in_step"][0].metrics.data["batches_prepared"] == 0
+    assert results["tw"][0].metrics.data["batches_prepared"] == 0
 
 
 @pytest.mark.parametrize("name,other", [("mixed", "mixed_unpipelined"), ("mixed_4", "mixed_4_unpipelined"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -11,6 +10,7 @@ from typing import Any, Optional
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import CheckpointError, ConfigError, NeocfgError
 from neocfg.plan import Plan
+from neocfg.run_metrics import METRICS_FILE, RunMetrics, render
 from neocfg.runtime.checkpoint import Checkpointer, locked
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.launch import RankEnv, check_single_host, keep_freed_memory, launch, under_torchrun
@@ -68,38 +68,6 @@ def check_trainable(cfg: NeocfgConfig) -> None:
                               f"train on CPU with hardware=cpu_local, or start the ranks with torchrun")
 
 
-def render(m: dict[str, Any]) -> str:
-    lines = [f"trained {m['model']} on {m['world_size']} ranks: {m['steps']} steps, {m['samples']:,} samples, "
-             f"{m['samples_per_s']:,.0f} samples/s",
-             f"  loss {m['initial_loss']:.4g} (step 1) -> {m['final_loss']:.4g} (step {m['steps']}); "
-             + (f"highest {m['max_loss']:.4g} at step {m['max_loss_step']}; "
-                if m.get("max_loss") is not None and m["max_loss"] > m["initial_loss"] else "")
-             + f"mean of the last 10 steps {m['final_loss_mean_last_10']:.4g}"]
-    if m.get("eval_auc") is not None:
-        lines.append(f"  held-out ({m['eval_samples']:,} samples): AUC {m['eval_auc']:.4f}, NE {m['eval_ne']:.4f}, "
-                     f"log loss {m['eval_logloss']:.4f}")
-    b = m["breakdown_ms"]
-    if m.get("timed_steps", 1):
-        lines.append("  step breakdown (ms, mean over ranks): " + ", ".join(
-            f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense", "dp_update",
-                                        "comm_dp", "comm_bwd", "emb_bwd", "total")
-            if k in b and (b[k] or k not in ("dp_update", "comm_dp"))))   # the replicas' laps where there are any
-    else:
-        lines.append(f"  step breakdown: not measured (the first {m['warmup_steps']} steps of a run are warm-up;"
-                     f" train more steps to see it); the step time below includes the warm-up")
-    if m.get("prediction_error") is not None:
-        lines.append(f"  step time: predicted {m['predicted_step_ms']:.2f} ms, measured {m['measured_step_ms']:.2f} ms "
-                     f"(prediction error {100 * m['prediction_error']:+.0f}%)")
-        if m["plan_batch_size_per_device"] != m["batch_size_per_rank"]:
-            lines.append(f"  (the plan was made for batch {m['plan_batch_size_per_device']} per device, this run used "
-                         f"{m['batch_size_per_rank']})")
-        lines.append("  predicted / measured ms: " + ", ".join(
-            f"{k} {p:.2f} / {q:.2f}" for k, (p, q) in m["predicted_vs_measured_ms"].items()))
-    else:
-        lines.append(f"  step time: measured {m['measured_step_ms']:.2f} ms (the plan has no estimate)")
-    return "\n".join(lines)
-
-
 def resume_advice(cfg: NeocfgConfig, root: Path, path: Path, ckpt: Checkpointer) -> str:
     """What to do about a checkpoint written for another plan, checked: its plan.json is suggested only when it
     fits this run's model and world and matches the checkpoint; otherwise the line says what it was written for."""
@@ -155,7 +123,7 @@ def _check_resume(cfg: NeocfgConfig, plan: Optional[Plan], root: Path, world: in
     return None
 
 
-def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
+def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
     check_trainable(cfg)
     if cfg.train.resume and not cfg.train.checkpoint_dir:
         raise ConfigError("train.checkpoint_dir", None,
@@ -166,18 +134,17 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> dict[str, Any]:
     shared = Path(cfg.train.checkpoint_dir) if cfg.train.checkpoint_dir else None
     with locked(shared) if shared is not None and int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
         metrics = _train(cfg, run_dir)
-    if not metrics:  # finished already, or a non-zero rank under torchrun
-        return {}
+    if metrics is None:  # finished already, or a non-zero rank under torchrun
+        return None
     print(render(metrics))
     if run_dir is not None:
-        path = run_dir / "metrics.json"
-        path.write_text(json.dumps(metrics, indent=1) + "\n")
+        metrics.save(run_dir / METRICS_FILE)
         print(f"outputs in {run_dir}: metrics.json, plan.json"
               + (", checkpoints/" if cfg.train.checkpoint_every and not cfg.train.checkpoint_dir else ""))
     return metrics
 
 
-def _train(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[dict[str, Any]]:
+def _train(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
     world = cfg.hardware.num_devices
     if under_torchrun():
         plan = None

@@ -29,6 +29,7 @@ from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.source import BatchSource, make_source
 from neocfg.errors import ConfigError, DivergedError
 from neocfg.plan import Plan
+from neocfg.run_metrics import DppCounters, RunMetrics, TermMs
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm
 from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_autocast, fold_dense_grads,
@@ -53,7 +54,7 @@ class RankResult:
 
     rank: int
     losses: list[float] = field(default_factory=list)     # global mean loss per step (every step of the run)
-    metrics: Optional[dict[str, Any]] = None
+    metrics: Optional[RunMetrics] = None
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
@@ -349,51 +350,45 @@ class Trainer:
             data["data_stall_fraction"] = breakdown["data_wait"] / measured_ms if measured_ms > 0 else 0.0
         emb_compute_ms, emb_comm_ms = self.plan.estimate.embedding_terms_ms(self.plan.devices)
         terms = {
-            "embedding_compute": [emb_compute_ms, breakdown["emb_fwd"] + breakdown["emb_bwd"] + breakdown["dp_update"]],
-            "embedding_comm": [emb_comm_ms, breakdown["comm_input"] + breakdown["comm_fwd"] + breakdown["comm_bwd"]
-                               + breakdown["comm_dp"]],
-            "dense": [self.plan.estimate.dense_ms, breakdown["dense"]],
+            "embedding_compute": TermMs(emb_compute_ms, breakdown["emb_fwd"] + breakdown["emb_bwd"]
+                                        + breakdown["dp_update"]),
+            "embedding_comm": TermMs(emb_comm_ms, breakdown["comm_input"] + breakdown["comm_fwd"]
+                                     + breakdown["comm_bwd"] + breakdown["comm_dp"]),
+            "dense": TermMs(self.plan.estimate.dense_ms, breakdown["dense"]),
             # producing the batches (beside the step in the prefetch thread, or waited for)
-            "data": [self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run)]}
+            "data": TermMs(self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run))}
         if self.emb.replicated.tables:   # the data-parallel tables' backward, inside the embedding terms above
             from neocfg.planner.estimate import replica_backward_ms
 
             dp_compute_ms, dp_comm_ms = replica_backward_ms(self.cfg, self.plan)
-            terms |= {"dp_update": [dp_compute_ms, breakdown["dp_update"]],
-                      "dp_all_reduce": [dp_comm_ms, breakdown["comm_dp"]]}
-        metrics = {
-            "model": self.cfg.model.name, "world_size": world, "batch_size_per_rank": tc.batch_size,
-            "global_batch": tc.batch_size * world, "steps": self.step, "steps_this_run": steps_run,
-            "resumed_from_step": resumed_from, "samples": self.step * tc.batch_size * world,
-            "samples_per_s": (tc.batch_size * world * 1e3 / measured_ms) if measured_ms > 0 else 0.0,
-            "wall_s": t_end - t_start + self.checkpoint_s, "checkpoint_s": self.checkpoint_s,
-            "initial_loss": self.losses[0] if self.losses else None,
-            "final_loss": self.losses[-1] if self.losses else None,
-            "final_loss_mean_last_10": (sum(self.losses[-10:]) / len(self.losses[-10:])) if self.losses else None,
-            "max_loss": max(self.losses) if self.losses else None,
-            "max_loss_step": (self.losses.index(max(self.losses)) + 1) if self.losses else None,
-            "losses": self.losses,
-            "eval_samples": ev.samples if ev else 0, "eval_logloss": ev.logloss if ev else None,
-            "eval_ne": ev.ne if ev else None, "eval_auc": ev.auc if ev else None, "eval_ctr": ev.ctr if ev else None,
-            "breakdown_ms": breakdown, "breakdown_ms_per_rank": per_rank,
-            "timed_steps": len(timed), "warmup_steps": WARMUP_STEPS,
-            "predicted_step_ms": predicted, "measured_step_ms": measured_ms,
-            "plan_batch_size_per_device": self.plan.batch_size_per_device,
-            # The planner's terms next to the measured ones they model (slowest rank for the embedding terms).
-            "predicted_vs_measured_ms": terms,
-            "prediction_error": ((measured_ms - predicted) / predicted) if predicted else None,
-            "a2a_fwd_dtype": self.plan.a2a_fwd_dtype.value, "a2a_bwd_dtype": self.plan.a2a_bwd_dtype.value,
-            "sparse_optimizer": tc.sparse_optimizer.value, "dense_optimizer": tc.dense_optimizer.value,
-            "plan_solver": self.plan.solver.algorithm,
-            "data": data, "data_per_rank": [g["data"] for g in gathered],
-            # The data-pipeline contract: stall, delivery and DPP counters over all ranks.
-            "data_stall_fraction": data["data_stall_fraction"],
-            "samples_delivered": data.get("samples_delivered", 0),
-            "duplicate_samples": data.get("duplicate_samples", 0),
-            "dpp": {"backend": (gathered[0]["data"] or {}).get("dpp.backend"),
-                    "workers": data.get("dpp.workers", 0), "worker_restarts": data.get("dpp.worker_restarts", 0),
-                    "bytes_read": data.get("dpp.bytes_read", 0)},
-        }
+            terms |= {"dp_update": TermMs(dp_compute_ms, breakdown["dp_update"]),
+                      "dp_all_reduce": TermMs(dp_comm_ms, breakdown["comm_dp"])}
+        last = self.losses[-10:]
+        metrics = RunMetrics(
+            model=self.cfg.model.name, world_size=world, batch_size_per_rank=tc.batch_size,
+            global_batch=tc.batch_size * world, steps=self.step, steps_this_run=steps_run,
+            resumed_from_step=resumed_from, samples=self.step * tc.batch_size * world,
+            samples_per_s=(tc.batch_size * world * 1e3 / measured_ms) if measured_ms > 0 else 0.0,
+            wall_s=t_end - t_start + self.checkpoint_s, checkpoint_s=self.checkpoint_s,
+            initial_loss=self.losses[0] if self.losses else None, final_loss=self.losses[-1] if self.losses else None,
+            final_loss_mean_last_10=sum(last) / len(last) if last else None, losses=list(self.losses),
+            max_loss=max(self.losses) if self.losses else None,
+            max_loss_step=self.losses.index(max(self.losses)) + 1 if self.losses else None,
+            eval_samples=ev.samples if ev else 0, eval_logloss=ev.logloss if ev else None,
+            eval_ne=ev.ne if ev else None, eval_auc=ev.auc if ev else None, eval_ctr=ev.ctr if ev else None,
+            breakdown_ms=breakdown, breakdown_ms_per_rank=per_rank, timed_steps=len(timed),
+            warmup_steps=WARMUP_STEPS, predicted_step_ms=predicted, measured_step_ms=measured_ms,
+            plan_batch_size_per_device=self.plan.batch_size_per_device, predicted_vs_measured_ms=terms,
+            prediction_error=((measured_ms - predicted) / predicted) if predicted else None,
+            a2a_fwd_dtype=self.plan.a2a_fwd_dtype.value, a2a_bwd_dtype=self.plan.a2a_bwd_dtype.value,
+            sparse_optimizer=tc.sparse_optimizer.value, dense_optimizer=tc.dense_optimizer.value,
+            plan_solver=self.plan.solver.algorithm, data=data, data_per_rank=[g["data"] for g in gathered],
+            # the data pipeline's contract: stall, delivery and DPP counters over all ranks
+            data_stall_fraction=data["data_stall_fraction"], samples_delivered=data.get("samples_delivered", 0),
+            duplicate_samples=data.get("duplicate_samples", 0),
+            dpp=DppCounters(backend=(gathered[0]["data"] or {}).get("dpp.backend"),
+                            workers=data.get("dpp.workers", 0), worker_restarts=data.get("dpp.worker_restarts", 0),
+                            bytes_read=data.get("dpp.bytes_read", 0)))
         return RankResult(0, self.losses, metrics)
 
 

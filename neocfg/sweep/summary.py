@@ -11,14 +11,19 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import yaml
 
+from neocfg.errors import NeocfgError
+from neocfg.plan import Plan
+from neocfg.run_metrics import METRICS_FILE, RunMetrics
 from neocfg.types import SweepMetric
 from neocfg.units import GIB
 
 STATUS_FILE = "status.json"
+PLAN_FILE = "plan.json"
+T = TypeVar("T")
 
 # Metric columns, in table order; every one may be absent (None) for a run that did not produce it.
 METRIC_COLUMNS: tuple[str, ...] = tuple(m.value for m in SweepMetric)
@@ -49,24 +54,31 @@ def _read_json(path: Path) -> Optional[dict[str, Any]]:
         return None
 
 
-def _plan_metrics(plan: dict[str, Any], hbm_gib: Optional[float]) -> dict[str, Optional[float]]:
-    solver, estimate, dpp = plan.get("solver") or {}, plan.get("estimate") or {}, plan.get("dpp") or {}
-    devices = plan.get("devices") or []
+def _plan_metrics(plan: Plan, hbm_gib: Optional[float]) -> dict[str, Optional[float]]:
     max_hbm_pct = None
-    if devices and hbm_gib:
-        max_hbm_pct = 100.0 * max(d["hbm_bytes"] for d in devices) / (hbm_gib * GIB)
+    if plan.devices and hbm_gib:
+        max_hbm_pct = 100.0 * max(d.hbm_bytes for d in plan.devices) / (hbm_gib * GIB)
     return {
-        "step_ms": estimate.get("step_ms"), "samples_per_s": estimate.get("samples_per_s"),
-        "max_hbm_pct": max_hbm_pct, "objective_ms": solver.get("objective_ms"),
-        "lower_bound_ms": solver.get("lower_bound_ms"), "gap": solver.get("gap"), "solver_s": solver.get("seconds"),
-        "dpp_workers": dpp.get("workers"),
+        SweepMetric.step_ms.value: plan.estimate.step_ms, SweepMetric.samples_per_s.value: plan.estimate.samples_per_s,
+        SweepMetric.max_hbm_pct.value: max_hbm_pct, SweepMetric.objective_ms.value: plan.solver.objective_ms,
+        SweepMetric.lower_bound_ms.value: plan.solver.lower_bound_ms, SweepMetric.gap.value: plan.solver.gap,
+        SweepMetric.solver_s.value: plan.solver.seconds,
+        SweepMetric.dpp_workers.value: plan.dpp.workers if plan.dpp is not None else None,
     }
 
 
-def _train_metrics(metrics: dict[str, Any]) -> dict[str, Optional[float]]:
-    return {"measured_step_ms": metrics.get("measured_step_ms"),
-            "measured_samples_per_s": metrics.get("samples_per_s"),
-            "final_loss": metrics.get("final_loss"), "eval_auc": metrics.get("eval_auc")}
+def _train_metrics(m: RunMetrics) -> dict[str, Optional[float]]:
+    return {SweepMetric.measured_step_ms.value: m.measured_step_ms,
+            SweepMetric.measured_samples_per_s.value: m.samples_per_s,
+            SweepMetric.final_loss.value: m.final_loss, SweepMetric.eval_auc.value: m.eval_auc}
+
+
+def _load(path: Path, load: Callable[[Path], T]) -> Optional[T]:
+    """The run's record, or None where the file is missing or unreadable (a run that stopped early)."""
+    try:
+        return load(path)
+    except NeocfgError:
+        return None
 
 
 def read_run(run_dir: Path) -> Optional[SweepRow]:
@@ -84,10 +96,10 @@ def read_run(run_dir: Path) -> Optional[SweepRow]:
         # One line per row: the reason, never a traceback (the run's own log has the details).
         fits, why = bool(status.get("ok")), (str(status.get("error") or "").strip().splitlines() or [""])[0]
     metrics: dict[str, Optional[float]] = dict.fromkeys(METRIC_COLUMNS)
-    plan = _read_json(run_dir / "plan.json")
+    plan = _load(run_dir / PLAN_FILE, Plan.load)
     if plan is not None:
         metrics.update(_plan_metrics(plan, hbm_gib))
-    train = _read_json(run_dir / "metrics.json")
+    train = _load(run_dir / METRICS_FILE, RunMetrics.load)
     if train is not None:
         metrics.update(_train_metrics(train))
     job = int(run_dir.name) if run_dir.name.isdigit() else -1
