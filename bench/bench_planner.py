@@ -1,6 +1,7 @@
-"""Planner benchmark: every model preset on 8, 16 and 128 devices (ZionEX nodes), greedy vs ILP, side by side.
+"""Planner benchmark: every model preset on 8, 16 and 128 devices (ZionEX or H100 nodes), greedy vs ILP, side by side.
 
     .venv/bin/python bench/bench_planner.py [--quick] [--out bench/results] [--time-limit 45] [--solvers cbc highs]
+                                            [--hardware zionex h100]
     .venv/bin/python bench/bench_planner.py --scale [--solvers cbc]
     .venv/bin/python bench/bench_planner.py --quick --restricted
 
@@ -8,11 +9,12 @@ Prints per case: wall and CPU seconds (options + solver; CPU counts the solver's
 their objectives (estimated step ms), the ILP's proven lower bound and gap, the embedding-only gap (the dense part
 is the same for every plan), ILP/greedy and where the kept placement came from. With several --solvers, one ILP row
 per solver (same instance, run one after the other). Writes <out>/bench_planner.json and .png. --quick: 8 and 128
-devices, 15 s solver limit. --scale: the ILP on growing tables x devices (up to prod_4096 on 512 devices), time
-against tables x devices in <out>/bench_planner_scale.json and .png. --restricted: per case also the ILP with each
-restriction of planner.sharding_types that changes the collectives issued (each type alone, each collective group;
-neocfg.planner.fixed.restricted_sharding_types), and checks that no restricted plan beats the
-full run's lower bound, and the full run's plan is within its gap of the best restricted one (printed, in the JSON,
+devices, 15 s solver limit (default: planner.time_limit_s). --hardware: the presets, zionex_<n>node
+(zionex_1node/2node/16node for 8/16/128 devices) and h100_8node with hardware.nodes=<n>. --scale: the ILP on growing tables x devices (up to prod_4096 on 512 devices), time
+against tables x devices in <out>/bench_planner_scale.json and .png. --restricted: per case also the ILP under each
+restriction of the option space (neocfg.planner.fixed.restrictions: each sharding type alone and each collective group,
+each memory tier and each weights precision alone or left out), and checks that no restricted plan beats the full
+run's lower bound and that the full run's plan is within its gap of the best restricted one (printed, in the JSON,
 and the exit status is 1 if it fails anywhere).
 """
 
@@ -34,12 +36,18 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from neocfg.config.schema import load, register  # noqa: E402
 from neocfg.errors import NeocfgError  # noqa: E402
-from neocfg.planner.fixed import restricted_sharding_types  # noqa: E402
+from neocfg.planner.fixed import restrictions  # noqa: E402
 from neocfg.planner.pipeline import plan_placement  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+from common import RESULTS, record_results  # noqa: E402
 
 NODES = {8: 1, 16: 2, 128: 16}
 DEVICES_PER_NODE = 8
-# --scale: (model, devices), growing tables x devices up to the issue-12 target (4,096 tables on 512 devices).
+# --hardware: the Hydra overrides of each family's preset for that many nodes.
+HARDWARE = {"zionex": lambda nodes: [f"hardware=zionex_{nodes}node"],
+            "h100": lambda nodes: ["hardware=h100_8node", f"hardware.nodes={nodes}"]}
+# --scale: (model, devices), growing tables x devices up to 4,096 tables on 512 devices.
 SCALE = [("dcnv2_mlperf", 16), ("dcnv2_mlperf", 128), ("prod_856", 128), ("prod_856", 256), ("prod_4096", 256),
          ("prod_4096", 512)]
 
@@ -80,6 +88,7 @@ class Restricted:
 class Case:
     model: str
     devices: int
+    hardware: str
     greedy: Run
     ilp: dict[str, Run]     # by solver
     restricted: Optional[Restricted] = None
@@ -103,12 +112,15 @@ def cpu_now() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run_one(model: str, devices: int, algorithm: str, time_limit: float, solver: str = "cbc",
-            extra: tuple[str, ...] = ()) -> Run:
-    nodes = devices // DEVICES_PER_NODE
-    cfg = compose_cfg([f"model={model}", "hardware=zionex_1node", f"hardware.nodes={nodes}",
-                       f"hardware.name=zionex_{nodes}node", f"planner.solver={solver}",
-                       f"planner.algorithm={algorithm}", f"planner.time_limit_s={time_limit}", *extra])
+def overrides(model: str, devices: int, hardware: str, time_limit: Optional[float]) -> list[str]:
+    limit = [] if time_limit is None else [f"planner.time_limit_s={time_limit}"]
+    return [f"model={model}", *HARDWARE[hardware](devices // DEVICES_PER_NODE), *limit]
+
+
+def run_one(model: str, devices: int, algorithm: str, time_limit: Optional[float], solver: str = "cbc",
+            extra: tuple[str, ...] = (), hardware: str = "zionex") -> Run:
+    cfg = compose_cfg([*overrides(model, devices, hardware, time_limit), f"planner.solver={solver}",
+                       f"planner.algorithm={algorithm}", *extra])
     t0, c0 = time.perf_counter(), cpu_now()
     try:
         plan = plan_placement(cfg)
@@ -124,13 +136,14 @@ def run_one(model: str, devices: int, algorithm: str, time_limit: float, solver:
 ROUND = 1 + 1e-9
 
 
-def check_restricted(model: str, devices: int, limit: float, solver: str, full: dict[str, Run]) -> Restricted:
+def check_restricted(model: str, devices: int, hardware: str, limit: Optional[float], solver: str,
+                     full: dict[str, Run]) -> Restricted:
     """The ILP under each restriction; every restricted plan is a plan of the full option space."""
+    pl = compose_cfg(overrides(model, devices, hardware, limit)).planner
     objective: dict[str, Optional[float]] = {}
-    for kinds in restricted_sharding_types():
-        name = ",".join(k.value for k in kinds)
-        objective[name] = run_one(model, devices, "ilp", limit, solver, (f"planner.sharding_types=[{name}]",)
-                                  ).objective_ms
+    for key, values in restrictions(pl.sharding_types, pl.memory_tiers, pl.weights_dtypes):
+        name = f"{key}=[{','.join(values)}]"
+        objective[name] = run_one(model, devices, "ilp", limit, solver, (name,), hardware).objective_ms
     found = {k: v for k, v in objective.items() if v is not None}
     best = min(found, key=found.__getitem__) if found else None
     holds, within = {}, {}
@@ -157,54 +170,95 @@ def main() -> None:
     ap.add_argument("--models", nargs="*", default=None, help="model presets (default: all in conf/model)")
     ap.add_argument("--devices", nargs="*", type=int, default=None, choices=sorted(NODES))
     ap.add_argument("--solvers", nargs="*", default=["cbc"], choices=["cbc", "highs"])
+    ap.add_argument("--hardware", nargs="*", default=["zionex"], choices=sorted(HARDWARE))
     ap.add_argument("--restricted", action="store_true",
-                    help="also each restriction of planner.sharding_types; check the full run's bound against them")
+                    help="also each restriction of the option space; check the full run's bound against them")
+    ap.add_argument("--record", action="store_true",
+                    help=f"write the cases' gaps into bench/RESULTS.md, section '{RESULTS_SECTION}' (rows of"
+                         " other cases kept)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.scale:
         scale(args.solvers, args.time_limit or 45.0, out)
         return
-    models = args.models or sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml")
-                                   if p.stem != "prod_4096")   # prod_4096 is --scale's
+    models = args.models or sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
     sizes = args.devices or ([8, 128] if args.quick else [8, 16, 128])
-    limit = args.time_limit or (15.0 if args.quick else 45.0)
-    head = (f"{'model':<20}{'dev':>4} | {'greedy s':>8} {'greedy ms':>10} | {'solver':>6} {'ilp s':>6} {'cpu s':>6}"
-            f" {'ilp ms':>10} {'bound ms':>10} {'gap':>6} {'emb gap':>7} | {'ilp/greedy':>10}  status, placement")
+    limit = args.time_limit or (15.0 if args.quick else None)
+    head = (f"{'model':<20}{'hardware':>8}{'dev':>5} | {'greedy s':>8} {'greedy ms':>10} | {'solver':>6} {'ilp s':>6}"
+            f" {'cpu s':>6} {'ilp ms':>10} {'bound ms':>10} {'gap':>6} {'emb gap':>7} | {'ilp/greedy':>10}  status, placement")
     print(head)
     print("-" * len(head))
     cases = []
-    for model in models:
-        for devices in sizes:
-            g = run_one(model, devices, "greedy", limit)
-            c = Case(model, devices, g, {sv: run_one(model, devices, "ilp", limit, sv) for sv in args.solvers})
-            if args.restricted:
-                c.restricted = check_restricted(model, devices, limit, args.solvers[0], c.ilp)
-            cases.append(c)
-            for sv, i in c.ilp.items():
-                status = f"{i.status}, {i.placement_source}" if i.error is None else f"{i.error[:60]}..."
-                print(f"{model:<20}{devices:>4} | {g.seconds:>8.2f} {fmt(g.objective_ms, '10.4f')} | {sv:>6}"
-                      f" {i.seconds:>6.2f} {i.cpu_seconds:>6.2f} {fmt(i.objective_ms, '10.4f')}"
-                      f" {fmt(i.lower_bound_ms, '10.4f')} {fmt(None if i.gap is None else 100 * i.gap, '5.2f')}%"
-                      f" {fmt(None if i.embedding_gap is None else 100 * i.embedding_gap, '6.2f')}%"
-                      f" | {fmt(c.ratio(sv), '10.4f')}  {status}", flush=True)
-            if c.restricted is not None:
-                r = c.restricted
-                best = "-" if r.best is None else f"{r.restricted_best_ms:.4f} ms ({r.best})"
-                print(f"{'':<24}restricted: best {best}; full bound <= all {len(r.objective_ms)} restricted plans: "
-                      f"{'yes' if all(r.bound_holds.values()) else 'NO'}; full plan within its gap of the best: "
-                      f"{'yes' if all(r.within_gap.values()) else 'NO'}", flush=True)
+    for model, hw, devices in ((m, h, d) for m in models for h in args.hardware for d in sizes):
+        g = run_one(model, devices, "greedy", limit, hardware=hw)
+        c = Case(model, devices, hw, g, {sv: run_one(model, devices, "ilp", limit, sv, hardware=hw)
+                                         for sv in args.solvers})
+        if args.restricted:
+            c.restricted = check_restricted(model, devices, hw, limit, args.solvers[0], c.ilp)
+        cases.append(c)
+        for sv, i in c.ilp.items():
+            status = f"{i.status}, {i.placement_source}" if i.error is None else f"{i.error[:60]}..."
+            print(f"{model:<20}{hw:>8}{devices:>5} | {g.seconds:>8.2f} {fmt(g.objective_ms, '10.4f')} | {sv:>6}"
+                  f" {i.seconds:>6.2f} {i.cpu_seconds:>6.2f} {fmt(i.objective_ms, '10.4f')}"
+                  f" {fmt(i.lower_bound_ms, '10.4f')} {fmt(None if i.gap is None else 100 * i.gap, '5.2f')}%"
+                  f" {fmt(None if i.embedding_gap is None else 100 * i.embedding_gap, '6.2f')}%"
+                  f" | {fmt(c.ratio(sv), '10.4f')}  {status}", flush=True)
+        if c.restricted is not None:
+            r = c.restricted
+            best = "-" if r.best is None else f"{r.restricted_best_ms:.4f} ms ({r.best})"
+            print(f"{'':<33}restricted: best {best}; full bound <= all {len(r.objective_ms)} restricted plans: "
+                  f"{'yes' if all(r.bound_holds.values()) else 'NO'}; full plan within its gap of the best: "
+                  f"{'yes' if all(r.within_gap.values()) else 'NO'}", flush=True)
     (out / "bench_planner.json").write_text(json.dumps(
-        {"time_limit_s": limit, "cases": [{**asdict(c), "ilp_over_greedy": {sv: c.ratio(sv) for sv in c.ilp}}
-                                          for c in cases]}, indent=1))
+        {"time_limit_s": limit or "planner.time_limit_s",
+         "cases": [{**asdict(c), "ilp_over_greedy": {sv: c.ratio(sv) for sv in c.ilp}} for c in cases]}, indent=1))
     save_png(cases, out / "bench_planner.png")
     print(f"results written to {out / 'bench_planner.json'} and {out / 'bench_planner.png'}")
+    if args.record:
+        record(cases)
     if args.restricted:
-        failed = [f"{c.model} x {c.devices}" for c in cases if c.restricted is not None and not c.restricted.ok]
-        print(f"restricted sharding types: {'every case holds' if not failed else 'FAILS on ' + ', '.join(failed)}"
+        failed = [f"{c.model} x {c.hardware} x {c.devices}" for c in cases
+                  if c.restricted is not None and not c.restricted.ok]
+        print(f"restrictions: {'every case holds' if not failed else 'FAILS on ' + ', '.join(failed)}"
               f" ({len(cases)} cases)")
         if failed:
             sys.exit(1)
+
+
+RESULTS_SECTION = "Planner bound and gaps"
+RESULTS_COLUMNS = ("model", "hardware", "devices", "solver", "ILP ms", "bound ms", "gap", "status, placement", "ILP s",
+                   "restricted runs")
+
+
+def record(cases: list[Case]) -> None:
+    """This run's cases as rows of bench/RESULTS.md's section (a row per model x hardware x devices x solver); rows of
+    cases not run this time are kept (the section is filled by several runs)."""
+    text = RESULTS.read_text() if RESULTS.exists() else ""
+    start = text.find(f"## {RESULTS_SECTION}\n")
+    rows: dict[tuple[str, ...], str] = {}
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        for line in text[start:end if end >= 0 else len(text)].splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if line.startswith("| ") and len(cells) == len(RESULTS_COLUMNS) and cells[0] != "model":
+                rows[tuple(cells[:4])] = line
+    for c in cases:
+        for sv, i in c.ilp.items():
+            held = "-" if c.restricted is None else (
+                f"{sum(v is not None for v in c.restricted.objective_ms.values())} of"
+                f" {len(c.restricted.objective_ms)} planned, bound held: {'yes' if c.restricted.bound_holds[sv] else 'NO'}")
+            cells = (c.model, c.hardware, str(c.devices), sv, fmt(i.objective_ms, ".4f"), fmt(i.lower_bound_ms, ".4f"),
+                     "-" if i.gap is None else f"{100 * i.gap:.2f}%",
+                     f"{i.status}, {i.placement_source}" if i.error is None else "does not fit",
+                     f"{i.seconds:.1f}", held)
+            rows[cells[:4]] = "| " + " | ".join(cells) + " |"
+    body = ["Gap: (plan - bound) / plan of the step time; the bound holds for every plan of the enumerated options. "
+            "Time limit: planner.time_limit_s unless the command sets --time-limit. Rows come from the runs listed "
+            "as the command (the last one) and earlier ones of the same bench.", "",
+            "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
+    body += [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1], int(k[2]), k[3]))]
+    record_results(RESULTS_SECTION, "\n".join(body))
 
 
 def scale(solvers: list[str], limit: float, out: Path) -> None:

@@ -8,6 +8,7 @@ from typing import Sequence
 from neocfg.plan import Plan
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Spread, Topology
+from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 from conftest import compose_cfg
 
@@ -130,3 +131,46 @@ def brute_force_step(cost, dense_ms: float, options: Sequence[Sequence[ShardingO
         if DeviceLoads.of(cost.topo, cost.capacity, combo).over_capacity() is None:
             best = min(best, step_by_cost_model(cost, dense_ms, combo))
     return best
+
+
+def unpruned_options(cfg, cost) -> list[list[ShardingOption]]:
+    """Every option the planner enumerates, none dropped as dominated, written from the rules as documented (not
+    from neocfg.planner.options): each allowed sharding type x memory tier x weight precision whose piece fits an
+    empty device; column slice counts k >= 2 that are powers of two or the limit (the world for column-wise, a node
+    for table-column-wise, at most planner.max_column_slices) with slices of a multiple of 4 columns; row-wise and
+    table-row-wise when every rank gets a row; data-parallel replicas in HBM at fp32 only (the runtime keeps them
+    so). For tables without forced ranks."""
+    hw, pl = cfg.hardware, cfg.planner
+    world, per_node = hw.num_devices, hw.devices_per_node
+    out = []
+    for index, t in enumerate(cfg.model.tables):
+        assert t.ranks is None
+        kinds = [s for s in pl.sharding_types if t.sharding_types is None or s in t.sharding_types]
+        tiers = [m for m in pl.memory_tiers if t.memory_tiers is None or m in t.memory_tiers]
+        if hw.device.kind is DeviceKind.cpu:
+            tiers = [m for m in tiers if m is MemoryTier.hbm]
+        dtypes = [d for d in pl.weights_dtypes if t.weights_dtypes is None or d in t.weights_dtypes]
+        opts = []
+        for s in kinds:
+            if s in (ShardingType.column_wise, ShardingType.table_column_wise):
+                limit = min(world if s is ShardingType.column_wise else per_node, pl.max_column_slices)
+                shapes = [(k, k) for k in range(2, limit + 1) if (k & (k - 1) == 0 or k == limit)
+                          and t.embedding_dim % k == 0 and (t.embedding_dim // k) % 4 == 0]
+            elif s is ShardingType.table_wise:
+                shapes = [(1, 1)]
+            else:
+                ranks = per_node if s is ShardingType.table_row_wise else world
+                if s is not ShardingType.data_parallel and not (ranks >= 2 and t.num_embeddings
+                                                                > (ranks - 1) * -(-t.num_embeddings // ranks)):
+                    continue
+                shapes = [(1, ranks)]
+            for k, pieces in shapes:
+                for m in tiers:
+                    for d in dtypes:
+                        if s is ShardingType.data_parallel and (m is not MemoryTier.hbm or d is not WeightsDtype.fp32):
+                            continue
+                        perf, storage = cost.piece(t, s, m, d, k)
+                        if storage.fits(cost.capacity):
+                            opts.append(ShardingOption(index, s, m, d, pieces, perf, storage))
+        out.append(opts)
+    return out

@@ -2,12 +2,16 @@
 
 On instances small enough to enumerate, with non-zero collective latency, kernel and routing costs:
   bound <= the brute-force optimum (step time straight from the cost model) <= the reported objective,
-for the flat exact ILP (which must also reach the optimum) and for the decomposed path; the fixed costs the solvers
-carry add up to the cost model's exactly; random instances (hypothesis) check both paths against brute force."""
+for the flat exact ILP (which must also reach the optimum) and for the decomposed path. The brute force runs over every
+option the planner enumerates, none dropped as dominated (planner_helpers.unpruned_options, written apart from the
+planner's pruning), so a pruning that drops an option some optimal plan needs fails here. The fixed costs the solvers
+carry add up to the cost model's exactly; random instances (hypothesis) check both paths against brute force; runs
+restricted by sharding types, memory tiers or weights precisions never beat the full run's bound."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 
@@ -18,14 +22,15 @@ from hypothesis import strategies as st
 from neocfg.errors import NeocfgError
 from neocfg.planner.assemble import assemble
 from neocfg.planner.costs import CostModel, dense_cost
-from neocfg.planner.fixed import FixedCosts, restricted_sharding_types
+from neocfg.planner.fixed import FixedCosts, restrictions
 from neocfg.planner.ilp_problem import IlpProblem
 from neocfg.planner.options import all_options
 from neocfg.planner.pipeline import plan_placement
 from neocfg.planner.types import PlacementSource, SolveResult
 
 from conftest import compose_cfg
-from planner_helpers import all_plans, brute_force_step, count_plans, round_cfg, step_by_cost_model
+from planner_helpers import (all_plans, brute_force_step, count_plans, round_cfg, step_by_cost_model,
+                             unpruned_options)
 
 # Fixed costs of the size that decide plans (collective latency comparable to a table's exchange).
 FIXED = ["hardware.collective_latency_us=100", "hardware.device.routing_us_per_step=10"]
@@ -37,6 +42,10 @@ FLAT = "planner.exact_max_variables=100000"
 # Float summation order differs between the bound's terms and the cost model's: one part in 1e12 is rounding.
 ROUND = 1 + 1e-12
 DECOMPOSED = "planner.exact_max_variables=0"
+THREE = [("a", 1000, 16, 2), ("b", 1000, 16, 1), ("c", 1000, 16, 1)]
+THREE_CFG = ["hardware.nodes=1", "hardware.device.kernel_overhead_us=100", "planner.sharding_types=[table_wise]",
+             "planner.memory_tiers=[hbm]", "planner.weights_dtypes=[fp32,fp16]",
+             "+model.tables.0.weights_dtypes=[fp32]", "+model.tables.1.weights_dtypes=[fp32]"]
 INSTANCES = {
     # every sharding type, one tier: kinds and pieces decide
     "all_types": ([("a", 30_000, 16, 4), ("b", 8_000, 16, 1), ("c", 2_000, 8, 6)],
@@ -52,14 +61,27 @@ INSTANCES = {
                 "planner.memory_tiers=[hbm]", "planner.weights_dtypes=[fp32,fp16]",
                 "+model.tables.0.weights_dtypes=[fp32]", "+model.tables.1.weights_dtypes=[fp32]",
                 "+model.tables.2.weights_dtypes=[fp16]", "+model.tables.3.weights_dtypes=[fp16]"]),
+    # pruning across lookup groups: a and b fp32 only, c fp32 or fp16 on 2 devices. fp16 c is faster and smaller than
+    # fp32 c, but a | b + c in one TBE group beats a | b + fp16 c in two by more than the fp16 lookup saves
+    "three": (THREE, THREE_CFG),
 }
 
 
-def solved(cfg):
+def label(o) -> tuple:
+    return (o.table_index, o.sharding, o.tier, o.dtype, o.num_pieces)
+
+
+def enumerated(cfg):
+    """The cost model, the dense part and every enumerated option (unpruned); the planner's options are among them,
+    the same pieces."""
     cost = CostModel.from_config(cfg)
     dense = dense_cost(cfg).perf.total
-    options = all_options(cfg, cost)
-    return cost, dense, options, plan_placement(cfg)
+    every = unpruned_options(cfg, cost)
+    known = {label(o): o for opts in every for o in opts}
+    for opts in all_options(cfg, cost):
+        for o in opts:
+            assert known[label(o)] == o
+    return cost, dense, every
 
 
 @pytest.mark.parametrize("solver", ["cbc", "highs"])
@@ -68,8 +90,9 @@ def solved(cfg):
 def test_bound_below_brute_force_optimum_below_objective(name, path, solver):
     rows, extra = INSTANCES[name]
     cfg = round_cfg(rows, *FIXED, *SMALL, *extra, path, f"planner.solver={solver}")
-    cost, dense, options, plan = solved(cfg)
-    best = brute_force_step(cost, dense, options)
+    cost, dense, every = enumerated(cfg)
+    plan = plan_placement(cfg)
+    best = brute_force_step(cost, dense, every)
     s = plan.solver
     assert s.lower_bound_ms <= best * ROUND and best <= s.objective_ms * ROUND
     if path == FLAT:
@@ -84,7 +107,7 @@ def test_fixed_costs_reproduce_the_cost_model(name):
     cfg = round_cfg(rows, *FIXED, *SMALL, *extra)
     cost = CostModel.from_config(cfg)
     dense = dense_cost(cfg)
-    options = all_options(cfg, cost)
+    options = unpruned_options(cfg, cost)
     p = IlpProblem(cost.topo, cost.capacity, options, tuple(t.name for t in cfg.model.tables), 1, 0.0, 0.0,
                    fixed=FixedCosts.of(cost))
     plans = list(all_plans(cost.topo, options))
@@ -97,7 +120,7 @@ def test_fixed_costs_reproduce_the_cost_model(name):
 
 
 def test_restricted_sharding_types_never_beat_the_full_bound():
-    # The issue's example: with only table-wise and column-wise a plan of 2.970 ms existed below the old "bound".
+    # A plan of table-wise and column-wise tables only is a plan of the full option space: it may not beat its bound.
     base = ["model=dcnv2_mlperf", "hardware=zionex_2node", "planner.time_limit_s=20"]
     full = plan_placement(compose_cfg(base))
     restricted = plan_placement(compose_cfg(base + ["planner.sharding_types=[table_wise,column_wise]"]))
@@ -107,24 +130,74 @@ def test_restricted_sharding_types_never_beat_the_full_bound():
     assert full.solver.objective_ms * (1 - full.solver.gap) <= restricted.solver.objective_ms + 1e-12
 
 
-@pytest.mark.parametrize("path", [FLAT, DECOMPOSED])
-def test_every_restriction_of_sharding_types_stays_above_the_full_bound(path):
-    # The bound's promise on a small instance, for every restriction that changes the collectives issued (what
-    # bench_planner.py --restricted checks on the bench instances): each restricted plan is a plan of the full option
-    # space, so it can't beat the full run's bound, and the full plan is within its gap of the best of them.
-    rows, extra = INSTANCES["all_types"]
-    base = [*FIXED, *SMALL, *extra, path]
-    full = plan_placement(round_cfg(rows, *base)).solver
-    found = []
-    for kinds in restricted_sharding_types():
-        types = ",".join(k.value for k in kinds)
+def restricted_runs(rows, base: list[str], cfg):
+    """The solver report of each restriction of cfg's option space (fixed.restrictions) that plans."""
+    pl = cfg.planner
+    found = {}
+    for key, values in restrictions(pl.sharding_types, pl.memory_tiers, pl.weights_dtypes):
+        override = f"{key}=[{','.join(values)}]"
         try:
-            found.append(plan_placement(round_cfg(rows, *base, f"planner.sharding_types=[{types}]")).solver)
+            found[override] = plan_placement(round_cfg(rows, *base, override)).solver
         except NeocfgError:
-            continue   # nothing of this restriction fits
-    assert len(found) >= 4
-    assert all(full.lower_bound_ms <= r.objective_ms * ROUND for r in found)
-    assert full.objective_ms * (1 - full.gap) <= min(r.objective_ms for r in found) * ROUND
+            continue   # nothing of this restriction fits, or a table has none of its own choices left
+    return found
+
+
+# What each instance may be restricted by (the restrictions that leave every table an option).
+RESTRICTED_BY = {"all_types": {"planner.sharding_types"},
+                 "tiers": {"planner.sharding_types", "planner.memory_tiers", "planner.weights_dtypes"},
+                 "three": {"planner.weights_dtypes"}}
+
+
+@pytest.mark.parametrize("path", [FLAT, DECOMPOSED])
+@pytest.mark.parametrize("name", list(RESTRICTED_BY))
+def test_no_restriction_beats_the_full_bound(name, path):
+    # Restricted by sharding types, memory tiers or weights precisions, a run plans over a subset of the full option
+    # space: none may beat the full run's bound, and the full plan is within its gap of the best of them.
+    rows, extra = INSTANCES[name]
+    base = [*FIXED, *SMALL, *extra, path]
+    cfg = round_cfg(rows, *base)
+    full = plan_placement(cfg).solver
+    found = restricted_runs(rows, base, cfg)
+    assert {k.split("=")[0] for k in found} == RESTRICTED_BY[name]
+    assert all(full.lower_bound_ms <= r.objective_ms * ROUND for r in found.values()), \
+        {k: r.objective_ms for k, r in found.items() if r.objective_ms * ROUND < full.lower_bound_ms}
+    assert full.objective_ms * (1 - full.gap) <= min(r.objective_ms for r in found.values()) * ROUND
+
+
+def test_three_tables_one_lookup_group_beats_the_faster_precision():
+    # Two fp32-only tables and one that may be fp32 or fp16, 100 us kernels, 2 devices: the fp16 option of c is faster
+    # and smaller than its fp32 one, but only fp32 c shares b's TBE group. Restricted to fp32 the planner finds that
+    # plan; the full run (the exact model, as for any instance this small) must find it too and may not report a
+    # bound above it.
+    rows, extra = INSTANCES["three"]
+    base = [*FIXED, *SMALL, *extra]
+    plan = plan_placement(round_cfg(rows, *base))
+    full = plan.solver
+    fp32 = plan_placement(round_cfg(rows, *base, "planner.weights_dtypes=[fp32]")).solver
+    assert full.lower_bound_ms <= fp32.objective_ms * ROUND
+    assert full.objective_ms == pytest.approx(fp32.objective_ms, rel=1e-12)
+    assert {t.weights_dtype.value for t in plan.tables} == {"fp32"}
+
+
+def test_three_tables_through_the_cli(cli, tmp_path):
+    # The same case as a user runs it: mode=plan with and without fp16, the bound in plan.json against the plan
+    # restricted to fp32.
+    tables = ("model.tables=[{name:a,num_embeddings:1000,embedding_dim:16,pooling_factor:2,weights_dtypes:[fp32]},"
+              "{name:b,num_embeddings:1000,embedding_dim:16,pooling_factor:1,weights_dtypes:[fp32]},"
+              "{name:c,num_embeddings:1000,embedding_dim:16,pooling_factor:1}]")
+    common = ["mode=plan", "hardware=zionex_1node", "hardware.devices_per_node=2", tables,
+              "hardware.device.kernel_overhead_us=100", "planner.sharding_types=[table_wise]",
+              "planner.memory_tiers=[hbm]", "train.batch_size=20000"]
+    solver = {}
+    for dtypes in ("[fp32,fp16]", "[fp32]"):
+        out = tmp_path / dtypes.strip("[]").replace(",", "_")
+        r = cli(*common, f"planner.weights_dtypes={dtypes}", f"hydra.run.dir={out}")
+        assert r.returncode == 0, r.stderr
+        solver[dtypes] = json.loads((out / "plan.json").read_text())["solver"]
+    full, fp32 = solver["[fp32,fp16]"], solver["[fp32]"]
+    assert full["lower_bound_ms"] <= fp32["objective_ms"] * ROUND
+    assert full["objective_ms"] == pytest.approx(fp32["objective_ms"], rel=1e-12)
 
 
 KINDS = ["table_wise", "column_wise", "table_column_wise", "row_wise", "table_row_wise", "data_parallel"]
@@ -149,11 +222,9 @@ def test_random_instances_flat_and_decomposed_against_brute_force(tables, nodes,
               "planner.costs.comm_tiebreak=0", "planner.memory_tiers=[hbm]",
               f"planner.sharding_types=[{','.join(sorted(kinds))}]"]
     cfg = round_cfg(rows, *common, FLAT)
-    cost = CostModel.from_config(cfg)
-    options = all_options(cfg, cost)
-    assume(count_plans(cost.topo, options) <= 6_000)
-    dense = dense_cost(cfg).perf.total
-    best = brute_force_step(cost, dense, options)
+    cost, dense, every = enumerated(cfg)
+    assume(count_plans(cost.topo, every) <= 6_000)
+    best = brute_force_step(cost, dense, every)
     flat = plan_placement(cfg).solver
     assert flat.lower_bound_ms <= best * ROUND and best <= flat.objective_ms * ROUND
     assert flat.objective_ms == pytest.approx(best, rel=1e-9)

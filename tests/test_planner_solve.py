@@ -17,7 +17,7 @@ from neocfg.planner.pipeline import plan_placement
 from neocfg.types import ShardingType
 
 from conftest import compose_cfg
-from planner_helpers import brute_force_makespan, check_plan_contract, round_cfg, tables_override
+from planner_helpers import brute_force_makespan, check_plan_contract, round_cfg, tables_override, unpruned_options
 
 # 1 node x 3 devices; HBM per device small enough that memory binds.
 TINY_HW = ["hardware.nodes=1", "hardware.devices_per_node=3", "planner.costs.comm_tiebreak=0",
@@ -40,7 +40,7 @@ def test_ilp_is_exactly_optimal_on_tiny_instances(case):
     cfg = tiny(TINY_INSTANCES[case], hbm_gib=0.0115, shardings="[table_wise,column_wise,row_wise]")
     cost = CostModel.from_config(cfg)
     options = all_options(cfg, cost)
-    best = brute_force_makespan(cost.topo, cost.capacity, options)
+    best = brute_force_makespan(cost.topo, cost.capacity, unpruned_options(cfg, cost))
     p = IlpProblem(cost.topo, cost.capacity, options, tuple(t.name for t in cfg.model.tables), 30, 0.0, 0.0)
     warm = list(greedy_place(cost.topo, cost.capacity, options, p.names))
     placed, bound, status = solve_flat(p, warm)

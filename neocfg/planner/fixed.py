@@ -41,6 +41,23 @@ def restricted_sharding_types() -> list[tuple[ShardingType, ...]]:
     return [(s,) for s in ShardingType] + groups
 
 
+def restrictions(shardings: Sequence[ShardingType], tiers: Sequence[MemoryTier],
+                 dtypes: Sequence[WeightsDtype]) -> list[tuple[str, tuple[str, ...]]]:
+    """Restrictions of a run's option space (planner key, allowed values): those of planner.sharding_types that change
+    the collectives issued (restricted_sharding_types, within the run's own types), each memory tier and each weights
+    precision alone, and each leaving one of them out. Every restricted plan is a plan of the full option space, so
+    no restricted run may beat the full run's bound (bench/bench_planner.py --restricted, tests/)."""
+    out: list[tuple[str, tuple[str, ...]]] = []
+    for kinds in restricted_sharding_types():
+        if set(kinds) < set(shardings):
+            out.append(("planner.sharding_types", tuple(k.value for k in kinds)))
+    for key, have in (("planner.memory_tiers", tiers), ("planner.weights_dtypes", dtypes)):
+        subsets = {(x,) for x in have} | {tuple(y for y in have if y != x) for x in have}
+        out += [(key, tuple(x.value for x in sub)) for sub in sorted(subsets, key=lambda s: [x.value for x in s])
+                if 0 < len(sub) < len(have)]
+    return out
+
+
 def lookup_group(o: ShardingOption) -> GroupKey:
     """The fused lookup (TBE) a piece of this option joins on its device."""
     return (o.dtype, o.tier)

@@ -13,6 +13,7 @@ from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError, InfeasibleError
 from neocfg.planner.costs import GIB, CostModel, ceil_div
+from neocfg.planner.fixed import FixedCosts, lookup_group
 from neocfg.planner.types import ShardingOption, Storage, Topology
 from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
@@ -91,17 +92,25 @@ def _pieces(cfg: NeocfgConfig, sharding: ShardingType, k: int) -> int:
             ShardingType.data_parallel: hw.num_devices}[sharding]
 
 
-def _dominates(a: ShardingOption, b: ShardingOption) -> bool:
-    """a is at least as good as b in every respect that matters to placement (same placement shape)."""
+def _dominates(a: ShardingOption, b: ShardingOption, group_ms: float) -> bool:
+    """Every plan choosing b is no better than the same plan with a in its place (same devices), so dropping b loses
+    no plan better than one that is kept: a has the same placement shape, no more communication and no more memory
+    in either tier, and on every device it touches it adds no more time. That time includes the lookup group's
+    fixed cost (fixed.py): a piece of another group than b's may open a TBE group the device did not hold (+group_ms)
+    while b's stays open for other tables, so across groups a must be faster by at least group_ms."""
+    margin = 0.0 if lookup_group(a) == lookup_group(b) else group_ms
     return (a.sharding == b.sharding and a.num_pieces == b.num_pieces and a.fixed_ranks == b.fixed_ranks
-            and a.perf.total <= b.perf.total and a.perf.comm <= b.perf.comm
+            and a.perf.total + margin <= b.perf.total and a.perf.comm <= b.perf.comm
             and a.storage.hbm <= b.storage.hbm and a.storage.host <= b.storage.host)
 
 
-def prune(options: list[ShardingOption]) -> list[ShardingOption]:
+def prune(options: list[ShardingOption], group_ms: float) -> list[ShardingOption]:
+    """The options no other one dominates (of options that dominate each other, the first); group_ms: the fixed
+    cost of a device's lookup group (FixedCosts.group_ms)."""
     kept: list[ShardingOption] = []
     for i, o in enumerate(options):
-        dominated = any(_dominates(p, o) and (not _dominates(o, p) or j < i) for j, p in enumerate(options) if j != i)
+        dominated = any(_dominates(p, o, group_ms) and (not _dominates(o, p, group_ms) or j < i)
+                        for j, p in enumerate(options) if j != i)
         if not dominated:
             kept.append(o)
     return kept
@@ -148,7 +157,7 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
                                               fixed))
     if not out:
         raise InfeasibleError(explain_table(cfg, cost, index))
-    return prune(out)
+    return prune(out, FixedCosts.of(cost).group_ms)
 
 
 def _no_shape(cfg: NeocfgConfig, table: TableConfig, ch: Choices) -> str:
