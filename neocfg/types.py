@@ -121,6 +121,21 @@ class DataSource(Enum):
     parquet = "parquet"
 
 
+class RawFormat(Enum):
+    """What mode=gen_data writes the dataset from: generated samples, or files in a public format it converts."""
+
+    none = "none"        # generate synthetic samples (dsi.num_samples, ...)
+    criteo = "criteo"    # Criteo's click logs: Kaggle Display Advertising train.txt, 1TB Click Logs day_N[.gz]
+
+
+class CategoricalEncoding(Enum):
+    """How raw categorical values become table rows when mode=gen_data converts a public dataset."""
+
+    hash = "hash"              # the raw id is stored; DPP's hash transform takes it modulo the table's rows
+    vocabulary = "vocabulary"  # ids seen at least frequency_threshold times get rows 2, 3, ... in order of first
+    #                            appearance, the rest row 1 (TorchRec's sparse_to_contiguous)
+
+
 class PlannerAlgorithm(Enum):
     ilp = "ilp"
     greedy = "greedy"
@@ -143,6 +158,7 @@ class TransformOp(Enum):
 
     filter = "filter"              # drop rows whose value fails `cmp value` (missing values always fail)
     fill_missing = "fill_missing"  # missing dense value -> value; missing id list -> empty
+    clip_min = "clip_min"          # y = max(x, value) (negatives -> 0 with value 0, as DLRM's Criteo preprocessing)
     log = "log"                    # y = ln(max(x + offset, LOG_FLOOR))
     logit = "logit"                # y = ln(p / (1 - p)), p = clip(x, eps, 1 - eps)
     bucketize = "bucketize"        # y = number of boundaries <= x (as a float)

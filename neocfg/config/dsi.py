@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
 from neocfg.config import checks
 from neocfg.errors import ConfigError
-from neocfg.types import DataSource, DppBackendKind, FilterCmp, OnBadSplit, TransformOp
+from neocfg.types import CategoricalEncoding, DataSource, DppBackendKind, FilterCmp, OnBadSplit, RawFormat, TransformOp
 
 
 @dataclass
@@ -64,7 +64,7 @@ class TransformConfig:
 
     column: str = MISSING
     op: TransformOp = MISSING
-    # filter: the comparison and its operand; fill_missing: the fill value.
+    # filter: the comparison and its operand; fill_missing: the fill value; clip_min: the lower bound.
     cmp: FilterCmp = FilterCmp.not_null
     value: Optional[float] = None
     # log: y = ln(max(x + offset, LOG_FLOOR)).
@@ -80,8 +80,8 @@ class TransformConfig:
         checks.non_empty(f"{key}.column", self.column)
         if self.op is TransformOp.filter and self.cmp is not FilterCmp.not_null and self.value is None:
             raise ConfigError(f"{key}.value", self.value, f"filter with cmp={self.cmp.value} needs a value")
-        if self.op is TransformOp.fill_missing and self.value is None:
-            raise ConfigError(f"{key}.value", self.value, "fill_missing needs a value")
+        if self.op in (TransformOp.fill_missing, TransformOp.clip_min) and self.value is None:
+            raise ConfigError(f"{key}.value", self.value, f"{self.op.value} needs a value")
         if self.op is TransformOp.logit:
             checks.in_range(f"{key}.eps", self.eps, 0.0, 0.5, lo_open=True, hi_open=True)
         if self.op is TransformOp.bucketize:
@@ -95,11 +95,65 @@ class TransformConfig:
 
 
 @dataclass
+class RawDataConfig:
+    """mode=gen_data's input when it converts files in a public format (format != none) instead of generating
+    samples. Files are streamed (never held whole in memory) into `dsi.path`'s Parquet splits."""
+
+    format: RawFormat = RawFormat.none
+    # Training files in order (glob patterns allowed; a pattern's matches in natural order: day_2 before day_10).
+    files: List[str] = field(default_factory=list)
+    # Held-out files (their first dsi.eval_samples rows); empty: the last dsi.eval_samples rows of `files`.
+    eval_files: List[str] = field(default_factory=list)
+    categorical: CategoricalEncoding = CategoricalEncoding.hash
+    # vocabulary: ids seen fewer times than this over all files share row 1 (TorchRec's FREQUENCY_THRESHOLD).
+    frequency_threshold: int = 3
+    # Rows per Parquet row group (one DPP split) of the converted dataset; dsi.row_groups_per_file per file.
+    row_group_rows: int = 65536
+    # Convert at most this many training rows (null: every row), e.g. to try a prefix of a 1TB day.
+    max_rows: Optional[int] = None
+
+    def check(self, key: str) -> None:
+        if self.format is RawFormat.none:
+            return
+        checks.non_empty(f"{key}.files", self.files)
+        checks.positive(f"{key}.frequency_threshold", self.frequency_threshold)
+        checks.positive(f"{key}.row_group_rows", self.row_group_rows)
+        if self.max_rows is not None:
+            checks.positive(f"{key}.max_rows", self.max_rows)
+
+
+@dataclass
+class ColumnsConfig:
+    """The stored column of each feature, for a dataset whose names are not neocfg's (dense_<j>, sparse_<table>,
+    label, sample_id). Unset entries keep neocfg's names; transforms still name features by neocfg's names."""
+
+    label: Optional[str] = None
+    # One stored column per dense feature of the model, in order.
+    dense: Optional[List[str]] = None
+    # Table name -> stored column: a list of ids per row, or one integer id per row.
+    sparse: Dict[str, str] = field(default_factory=dict)
+    # Unique integer per sample; null with no sample_id column stored: sample ids are row numbers in the dataset.
+    sample_id: Optional[str] = None
+
+    def check(self, key: str) -> None:
+        if self.label is not None:
+            checks.non_empty(f"{key}.label", self.label)
+        for name, col in self.sparse.items():
+            checks.non_empty(f"{key}.sparse.{name}", col)
+
+
+@dataclass
 class DsiConfig:
     name: str = MISSING
     source: DataSource = DataSource.synthetic
     # Dataset directory for source=parquet (relative paths are taken from the directory neocfg was started in).
     path: Optional[str] = None
+    # Which stored column holds each feature (datasets not written by neocfg).
+    columns: ColumnsConfig = field(default_factory=ColumnsConfig)
+    # In a dataset without neocfg's manifest: the .parquet files held out for evaluation (an fnmatch pattern).
+    eval_files: str = "eval*"
+    # Files in a public format that mode=gen_data converts into `path` (instead of generating samples).
+    raw: RawDataConfig = field(default_factory=RawDataConfig)
     # Distinct training samples: the dataset mode=gen_data writes, and the epoch of source=synthetic (the ranks read
     # samples 0..num_samples-1 in turn, then the same samples again in the same order; its held-out batches are
     # other samples). Then the files' shape (mode=gen_data).
@@ -157,6 +211,8 @@ class DsiConfig:
         checks.in_range(f"{key}.unlabeled_fraction", self.unlabeled_fraction, 0.0, 1.0, hi_open=True)
         for i, t in enumerate(self.transforms):
             t.check(f"{key}.transforms.{i}")
+        self.columns.check(f"{key}.columns")
+        self.raw.check(f"{key}.raw")
         checks.positive(f"{key}.prefetch_splits", self.prefetch_splits)
         checks.positive(f"{key}.split_timeout_s", self.split_timeout_s)
         checks.positive(f"{key}.stall_timeout_s", self.stall_timeout_s)

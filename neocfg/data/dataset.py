@@ -14,17 +14,21 @@ gs://, hdfs://. Splits name their file by the same kind of URI, so a worker on a
 
 from __future__ import annotations
 
+import dataclasses
+import fnmatch
 import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Sequence, Union
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
+from neocfg.config.dsi import ColumnsConfig
 from neocfg.config.model import ModelConfig
-from neocfg.errors import DataError
+from neocfg.errors import ConfigError, DataError
 
 MANIFEST_NAME = "_manifest.json"
 MANIFEST_FORMAT_VERSION = 1
@@ -46,22 +50,64 @@ def extra_column(k: int) -> str:
 
 @dataclass(frozen=True)
 class FeatureColumns:
-    """The columns one model reads, in Batch order: dense features, then one id list per table."""
+    """The columns one model reads, in Batch order: dense features, then one id list per table. Names are neocfg's
+    (dense_<j>, sparse_<table>, label, sample_id); `stored` maps those a dataset stores under other names."""
 
     dense: tuple[str, ...]
     sparse: tuple[str, ...]
     table_rows: tuple[int, ...]
+    # (neocfg name, stored name) for each column stored under another name (dsi.columns).
+    stored: tuple[tuple[str, str], ...] = ()
 
     @staticmethod
-    def for_model(model: ModelConfig) -> "FeatureColumns":
-        return FeatureColumns(dense=tuple(dense_column(j) for j in range(model.num_dense_features)),
+    def for_model(model: ModelConfig, mapping: Optional[ColumnsConfig] = None,
+                  key: str = "dsi.columns") -> "FeatureColumns":
+        cols = FeatureColumns(dense=tuple(dense_column(j) for j in range(model.num_dense_features)),
                               sparse=tuple(sparse_column(t.name) for t in model.tables),
                               table_rows=tuple(t.num_embeddings for t in model.tables))
+        if mapping is None:
+            return cols
+        stored: dict[str, str] = {}
+        if mapping.label is not None:
+            stored[LABEL_COLUMN] = mapping.label
+        if mapping.sample_id is not None:
+            stored[SAMPLE_ID_COLUMN] = mapping.sample_id
+        if mapping.dense is not None:
+            if len(mapping.dense) != len(cols.dense):
+                raise ConfigError(f"{key}.dense", list(mapping.dense), f"model {model.name} has "
+                                  f"{len(cols.dense)} dense features: list one stored column for each, in order")
+            stored.update(zip(cols.dense, mapping.dense))
+        tables = [t.name for t in model.tables]
+        for table, column in mapping.sparse.items():
+            if table not in tables:
+                raise ConfigError(f"{key}.sparse.{table}", column, f"model {model.name} has no table {table!r} "
+                                  f"(its tables: {', '.join(tables[:8])}{', ...' if len(tables) > 8 else ''})")
+            stored[sparse_column(table)] = column
+        taken = [c for c in stored.values() if list(stored.values()).count(c) > 1]
+        if taken:
+            raise ConfigError(key, taken[0], "a stored column can feed only one feature")
+        return dataclasses.replace(cols, stored=tuple((k, v) for k, v in stored.items() if k != v))
 
     @property
     def projected(self) -> list[str]:
-        """Every column a worker reads (the projection): features, label and sample id."""
+        """Every column a worker reads (the projection): features, label and sample id, by neocfg's names."""
         return [*self.dense, *self.sparse, LABEL_COLUMN, SAMPLE_ID_COLUMN]
+
+    def stored_name(self, name: str) -> str:
+        return dict(self.stored).get(name, name)
+
+    def read_columns(self, schema_names: Sequence[str]) -> list[str]:
+        """The stored columns to read from a file with these columns: the projection, less the sample id when the
+        file stores none (sample ids are then row numbers)."""
+        return [self.stored_name(c) for c in self.projected
+                if c != SAMPLE_ID_COLUMN or self.stored_name(c) in schema_names]
+
+    def renamed(self, table: pa.Table) -> pa.Table:
+        """A table read with read_columns(), its columns renamed to neocfg's names."""
+        if not self.stored:
+            return table
+        back = {v: k for k, v in self.stored}
+        return table.rename_columns([back.get(c, c) for c in table.column_names])
 
 
 @dataclass(frozen=True)
@@ -105,6 +151,71 @@ class Manifest:
             raise DataError(f"{path}: not a valid neocfg dataset manifest ({type(exc).__name__}: {exc})") from None
 
 
+# What dsi.source=parquet reads, for the one-line error about anything else.
+SUPPORTED_FORMATS = ("a directory of Parquet files (*.parquet; neocfg's _manifest.json is optional)",
+                     "one .parquet file",
+                     "Criteo TSV (train.txt, day_N, day_N.gz) after `neocfg mode=gen_data dsi=criteo dsi.raw.files=[...]`")
+PARQUET_SUFFIX = ".parquet"
+
+
+def _format_error(location: str, what: str) -> DataError:
+    return DataError(f"{location}: {what}; dsi.source=parquet reads " + "; ".join(SUPPORTED_FORMATS))
+
+
+def index_parquet(location: str, eval_pattern: str) -> tuple[str, Manifest]:
+    """A dataset without neocfg's manifest: the .parquet files at `location` (a directory, or one file), their row
+    groups read from the footers; files whose name matches `eval_pattern` are the held-out ones. Anything else at
+    `location` is a DataError listing the formats that are read."""
+    fs, inner = open_location(location)
+    try:
+        info = fs.get_file_info(inner)
+    except (OSError, pa.ArrowException) as exc:
+        raise DataError(f"{location}: cannot read ({str(exc).strip().splitlines()[0]})") from None
+    if info.type is pafs.FileType.NotFound:
+        raise DataError(f"{location}: no dataset here (nothing at this path); write one with "
+                        f"`neocfg mode=gen_data dsi.path={location}`")
+    if info.type is pafs.FileType.File:
+        if not info.base_name.endswith(PARQUET_SUFFIX):
+            suffix = info.extension.upper() or "this file"
+            raise _format_error(location, f"{suffix} is not a format neocfg trains from")
+        directory, names = location[:len(location) - len(info.base_name)].rstrip("/") or ".", [info.base_name]
+    else:
+        listed = fs.get_file_info(pafs.FileSelector(inner, recursive=False))
+        names = sorted(f.base_name for f in listed if f.type is pafs.FileType.File and f.base_name.endswith(
+            PARQUET_SUFFIX) and not f.base_name.startswith((".", "_")))
+        if not names:
+            others = sorted({f.extension or f.base_name for f in listed if f.type is pafs.FileType.File})
+            found = f"holds no .parquet files (found: {', '.join(others[:5])})" if others else "is empty"
+            raise _format_error(location, found)
+        directory = location
+    files = []
+    for name in names:
+        path = join_location(directory, name)
+        try:
+            f_fs, f_inner = open_location(path)
+            with f_fs.open_input_file(f_inner) as f:
+                meta = pq.ParquetFile(f).metadata
+        except (OSError, pa.ArrowException) as exc:
+            raise DataError(f"{path}: not a readable Parquet file ({str(exc).strip().splitlines()[0]})") from None
+        files.append(FileEntry(name=name, eval=fnmatch.fnmatchcase(name, eval_pattern),
+                               row_group_rows=tuple(meta.row_group(i).num_rows for i in range(meta.num_row_groups))))
+        columns = tuple(meta.schema.to_arrow_schema().names)
+    rows = {e: sum(sum(f.row_group_rows) for f in files if f.eval == e) for e in (False, True)}
+    return directory, Manifest(model_name="", seed=0, num_samples=rows[False], eval_samples=rows[True],
+                               files=tuple(files), columns=columns)
+
+
+def open_dataset(location: str, eval_pattern: str) -> tuple[str, Manifest]:
+    """(directory, manifest) of `dsi.path`: neocfg's manifest where there is one, else an index of its .parquet
+    files (index_parquet)."""
+    fs, inner = open_location(location)
+    try:
+        has_manifest = fs.get_file_info(join_location(inner, MANIFEST_NAME)).type is pafs.FileType.File
+    except (OSError, pa.ArrowException):
+        has_manifest = False
+    return (location, Manifest.load(location)) if has_manifest else index_parquet(location, eval_pattern)
+
+
 @dataclass(frozen=True)
 class Split:
     """Row group `row_group` of `path`; `index` numbers the splits of one DPP service from 0."""
@@ -113,6 +224,8 @@ class Split:
     path: str
     row_group: int
     rows: int
+    # Rows of the training (or eval) files before this split: sample ids when the dataset stores none.
+    first_row: int = 0
 
     @property
     def where(self) -> str:
@@ -122,18 +235,21 @@ class Split:
 def dataset_splits(directory: Union[str, Path], manifest: Manifest, *, eval: bool) -> list[Split]:
     """Every (file, row group) of the training (or the eval) files, in file order."""
     out: list[Split] = []
+    first = 0
     for f in manifest.files:
         if f.eval != eval:
             continue
         for rg, rows in enumerate(f.row_group_rows):
-            out.append(Split(index=len(out), path=join_location(directory, f.name), row_group=rg, rows=rows))
+            out.append(Split(index=len(out), path=join_location(directory, f.name), row_group=rg, rows=rows,
+                             first_row=first))
+            first += rows
     return out
 
 
 def rank_splits(splits: list[Split], rank: int, world_size: int) -> list[Split]:
     """Rank r's share of the splits (every world_size-th), renumbered from 0; all splits if the share is empty."""
     mine = splits[rank::world_size] or splits
-    return [Split(index=i, path=s.path, row_group=s.row_group, rows=s.rows) for i, s in enumerate(mine)]
+    return [dataclasses.replace(s, index=i) for i, s in enumerate(mine)]
 
 
 def resolve_path(path: str) -> Path:

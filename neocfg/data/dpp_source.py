@@ -22,7 +22,7 @@ import torch
 
 from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
-from neocfg.data.dataset import FeatureColumns, Manifest, dataset_splits, rank_splits, resolve_location
+from neocfg.data.dataset import FeatureColumns, dataset_splits, open_dataset, rank_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
 from neocfg.data.dpp.progress import Position
 from neocfg.data.dpp.service import DppService, make_backend
@@ -129,16 +129,17 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     """`sizing`: the planner's DPP sizing (dsi.workers=auto), handed over by the runtime; `share`: rank 0's value
     to every rank (the Ray backend's cluster address)."""
     d = cfg.dsi
-    directory = resolve_location(d.path)
-    manifest = Manifest.load(directory)
+    directory, manifest = open_dataset(resolve_location(d.path), d.eval_files)
     every = dataset_splits(directory, manifest, eval=eval)
     if not every:
-        raise DataError(f"{directory}: the dataset has no {'eval' if eval else 'training'} files")
+        hint = (f"name held-out files to match dsi.eval_files={d.eval_files!r}, or set train.eval_batches=0" if eval
+                else f"its only .parquet files match dsi.eval_files={d.eval_files!r}")
+        raise DataError(f"{directory}: the dataset has no {'eval' if eval else 'training'} files; {hint}")
     kind = DppBackendKind.inline if eval else d.backend
     job_wide = kind is DppBackendKind.ray
     splits = every if job_wide else rank_splits(every, rank, world_size)
     _warn_small_dataset(cfg, rank, world_size, sum(s.rows for s in every), eval)
-    columns = FeatureColumns.for_model(cfg.model)
+    columns = FeatureColumns.for_model(cfg.model, d.columns)
     spec = WorkerSpec(columns=columns, transforms=tuple(bind(d.transforms, columns)), batch_size=cfg.train.batch_size)
     if eval:
         workers = WorkerCount(total=world_size, per_service=1, source=WorkerCountSource.fixed)

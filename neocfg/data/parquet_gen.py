@@ -1,4 +1,5 @@
-"""mode=gen_data: write a Parquet dataset for the chosen model into `dsi.path`.
+"""mode=gen_data: write a Parquet dataset for the chosen model into `dsi.path`, generated, or converted from files in
+a public format when dsi.raw.format is set (neocfg/data/criteo.py).
 
 Content comes from SyntheticData (Zipf-skewed ids with each table's pooling factor, a label from a hidden function of
 the features), stored *raw*, the way logs hold it, so that the declared transforms have real work to do:
@@ -32,7 +33,7 @@ from neocfg.data.source import EVAL_FIRST_SAMPLE
 from neocfg.data.synthetic import SyntheticData
 from neocfg.data.transforms import bind, hashed, normalization_of
 from neocfg.errors import ConfigError, DataError
-from neocfg.types import TransformOp
+from neocfg.types import RawFormat, TransformOp
 from neocfg.units import fmt_bytes
 
 # Raw ids are id + num_embeddings * k with k < RAW_ID_SPREAD: out of every table's range, like hashed log ids.
@@ -175,8 +176,12 @@ def write_dataset(cfg: NeocfgConfig) -> GenReport:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        plans = _file_plans(cfg)
-        manifest = _write(cfg, tmp, plans)
+        if cfg.dsi.raw.format is RawFormat.criteo:
+            from neocfg.data.criteo import convert
+
+            manifest, _ = convert(cfg, tmp)
+        else:
+            manifest = _write(cfg, tmp, _file_plans(cfg))
         manifest.save(tmp)
         _replace(target, tmp)
     finally:
@@ -189,7 +194,8 @@ def write_dataset(cfg: NeocfgConfig) -> GenReport:
 
 def run(cfg: NeocfgConfig, run_dir: Path | None) -> GenReport:
     r = write_dataset(cfg)
-    print(f"wrote {r.train_samples:,} training + {r.eval_samples:,} held-out samples for model {cfg.model.name} to "
+    made = f" converted from {cfg.dsi.raw.format.value} files" if cfg.dsi.raw.format is not RawFormat.none else ""
+    print(f"wrote {r.train_samples:,} training + {r.eval_samples:,} held-out samples{made} for model {cfg.model.name} to "
           f"{r.path}: {r.files} files, {r.row_groups} row groups, {fmt_bytes(r.total_bytes)}; the model's columns are "
           f"{fmt_bytes(r.model_column_bytes)} ({100 * r.model_fraction:.0f}% of the stored bytes)")
     return r

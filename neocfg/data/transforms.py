@@ -5,6 +5,7 @@ and every step is a whole-column numpy operation, never a Python loop over rows:
 
   filter        rows whose value fails `cmp value` are dropped (a missing value fails every comparison)
   fill_missing  NaN -> value (dense, label); a missing id list is already empty
+  clip_min      y = max(x, value) (NaN stays NaN)
   log           y = ln(max(x + offset, LOG_FLOOR))
   logit         y = ln(p / (1 - p)), p = clip(x, eps, 1 - eps)
   bucketize     y = number of boundaries <= x, as a float (NaN stays NaN)
@@ -30,7 +31,7 @@ from neocfg.types import FilterCmp, TransformOp
 
 # ln() input floor for the log transform: keeps log finite for x + offset <= 0 (ln(1e-12) ~ -27.6).
 LOG_FLOOR = 1e-12
-_SCALAR_OPS = (TransformOp.log, TransformOp.logit, TransformOp.bucketize, TransformOp.filter)
+_SCALAR_OPS = (TransformOp.clip_min, TransformOp.log, TransformOp.logit, TransformOp.bucketize, TransformOp.filter)
 _LIST_OPS = (TransformOp.hash, TransformOp.truncate)
 _COMPARE = {
     FilterCmp.eq: np.equal, FilterCmp.ne: np.not_equal, FilterCmp.lt: np.less, FilterCmp.le: np.less_equal,
@@ -109,33 +110,44 @@ def hashed(transforms: list[TransformConfig], column: str) -> bool:
     return any(t.op is TransformOp.hash and fnmatch.fnmatchcase(column, t.column) for t in transforms)
 
 
-def from_arrow(table: pa.Table, columns: FeatureColumns, where: str) -> SplitRows:
-    """Numpy columns of a projected table; a missing column or a wrong type is a DataError naming `where`."""
+def from_arrow(table: pa.Table, columns: FeatureColumns, where: str, first_row: int = 0) -> SplitRows:
+    """Numpy columns of a projected table (neocfg's column names); a missing column or a wrong type is a DataError
+    naming `where` and the stored column. Without a sample_id column, sample ids are first_row, first_row + 1, ...
+    An id column may hold a list of ids per row or one integer id per row (a missing one: an empty list)."""
     names = set(table.column_names)
     for c in columns.projected:
-        if c not in names:
-            raise DataError(f"{where}: column {c!r} is missing (the model needs it); the file's schema does not match"
-                            f" the model")
+        if c not in names and c != SAMPLE_ID_COLUMN:
+            raise DataError(f"{where}: column {columns.stored_name(c)!r} is missing (the model needs it); the file's "
+                            f"schema does not match the model (map stored columns to features with dsi.columns)")
     scalars = {}
     for c in [*columns.dense, LABEL_COLUMN]:
         col = table.column(c)
         if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
-            raise DataError(f"{where}: column {c!r} has type {col.type}, expected a number")
+            raise DataError(f"{where}: column {columns.stored_name(c)!r} has type {col.type}, expected a number")
         scalars[c] = pc.cast(col, pa.float64()).to_numpy()
-    sid = table.column(SAMPLE_ID_COLUMN)
-    if not pa.types.is_integer(sid.type) or sid.null_count:
-        raise DataError(f"{where}: column {SAMPLE_ID_COLUMN!r} must be integers without nulls, got {sid.type}")
-    scalars[SAMPLE_ID_COLUMN] = pc.cast(sid, pa.int64()).to_numpy()
+    if SAMPLE_ID_COLUMN in names:
+        sid = table.column(SAMPLE_ID_COLUMN)
+        if not pa.types.is_integer(sid.type) or sid.null_count:
+            raise DataError(f"{where}: column {columns.stored_name(SAMPLE_ID_COLUMN)!r} must be integers without "
+                            f"nulls, got {sid.type}")
+        scalars[SAMPLE_ID_COLUMN] = pc.cast(sid, pa.int64()).to_numpy()
+    else:
+        scalars[SAMPLE_ID_COLUMN] = np.arange(first_row, first_row + table.num_rows, dtype=np.int64)
     lists = {}
     for c in columns.sparse:
         col = table.column(c).combine_chunks()
+        if pa.types.is_integer(col.type):
+            lengths = col.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
+            lists[c] = IdLists(lengths=lengths, values=pc.cast(col.drop_null(), pa.int64()).to_numpy())
+            continue
         if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) \
                 or not pa.types.is_integer(col.type.value_type):
-            raise DataError(f"{where}: column {c!r} has type {col.type}, expected list<int64>")
+            raise DataError(f"{where}: column {columns.stored_name(c)!r} has type {col.type}, expected list<int64> "
+                            f"or one integer id per row")
         lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
         values = pc.cast(col.flatten(), pa.int64())
         if values.null_count:
-            raise DataError(f"{where}: column {c!r} has null ids inside its lists")
+            raise DataError(f"{where}: column {columns.stored_name(c)!r} has null ids inside its lists")
         lists[c] = IdLists(lengths=lengths, values=values.to_numpy())
     return SplitRows(scalars=scalars, lists=lists)
 
@@ -150,6 +162,8 @@ def _filter_mask(x: np.ndarray, t: TransformConfig) -> np.ndarray:
 def _scalar_step(x: np.ndarray, t: TransformConfig) -> np.ndarray:
     if t.op is TransformOp.fill_missing:
         return np.where(np.isnan(x), t.value, x) if x.dtype.kind == "f" else x
+    if t.op is TransformOp.clip_min:
+        return np.where(x < t.value, t.value, x)
     if t.op is TransformOp.log:
         return np.log(np.maximum(x + t.offset, LOG_FLOOR))
     if t.op is TransformOp.logit:
@@ -197,11 +211,12 @@ def to_batch_arrays(rows: SplitRows, columns: FeatureColumns, where: str) -> Bat
         missing = int(np.isnan(rows.scalars[c]).sum())
         if missing:
             hint = "declare a filter (cmp: not_null) on it" if c == LABEL_COLUMN else "declare a fill_missing transform"
-            raise DataError(f"{where}: column {c!r} has {missing} missing values after the transforms; {hint}")
+            raise DataError(f"{where}: column {columns.stored_name(c)!r} has {missing} missing values after the "
+                            f"transforms; {hint}")
     for c, table_rows in zip(columns.sparse, columns.table_rows):
         v = rows.lists[c].values
         if v.size and (int(v.min()) < 0 or int(v.max()) >= table_rows):
-            raise DataError(f"{where}: column {c!r} has ids outside [0, {table_rows}) (min {int(v.min())}, max "
+            raise DataError(f"{where}: column {columns.stored_name(c)!r} has ids outside [0, {table_rows}) (min {int(v.min())}, max "
                             f"{int(v.max())}); declare a hash transform or fix the model's num_embeddings")
     n = rows.rows
     dense = (np.stack([rows.scalars[c] for c in columns.dense], axis=1) if columns.dense
@@ -212,4 +227,4 @@ def to_batch_arrays(rows: SplitRows, columns: FeatureColumns, where: str) -> Bat
               else np.zeros(0, dtype=np.int64))
     return BatchArrays(dense=dense, lengths=lengths.astype(np.int64), values=values.astype(np.int64),
                        labels=rows.scalars[LABEL_COLUMN].astype(np.float32),
-                       sample_ids=rows.scalars[SAMPLE_ID_COLUMN])
+                       sample_ids=np.require(rows.scalars[SAMPLE_ID_COLUMN], requirements="W"))

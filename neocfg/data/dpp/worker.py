@@ -152,7 +152,7 @@ class SplitReader:
         before = f.bytes_read
         if split.row_group >= pf.num_row_groups:
             raise DataError(f"{split.where}: the file has only {pf.num_row_groups} row groups")
-        columns = self.spec.columns.projected if self.spec.project else None
+        columns = self.spec.columns.read_columns(pf.schema_arrow.names) if self.spec.project else None
         if columns is not None:
             missing = [c for c in columns if c not in pf.schema_arrow.names]
             if missing:
@@ -162,7 +162,7 @@ class SplitReader:
             table = pf.read_row_group(split.row_group, columns=columns, use_threads=False)
         except (pa.ArrowException, OSError) as exc:
             raise DataError(f"{split.where}: cannot read ({_first_line(exc)})") from None
-        return table, f.bytes_read - before
+        return self.spec.columns.renamed(table), f.bytes_read - before
 
     def process(self, task: Task) -> SplitResult:
         t0 = time.perf_counter()
@@ -171,7 +171,8 @@ class SplitReader:
         if table.num_rows != split.rows:
             raise DataError(f"{split.where}: has {table.num_rows} rows, the manifest says {split.rows}")
         dropped: dict[int, int] = {}
-        rows = apply(from_arrow(table, self.spec.columns, split.where), list(self.spec.transforms), dropped)
+        rows = apply(from_arrow(table, self.spec.columns, split.where, split.first_row), list(self.spec.transforms),
+                     dropped)
         arrays = to_batch_arrays(rows, self.spec.columns, split.where)
         if self.spec.extra_split_s:
             time.sleep(self.spec.extra_split_s)
