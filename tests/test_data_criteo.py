@@ -117,8 +117,10 @@ def test_criteo_kaggle_trains_end_to_end_on_criteo_format_files(cli, tmp_path):
             "dsi.eval_samples=4096", "dsi.raw.row_group_rows=4096")
     assert r.returncode == 0, r.stderr
     assert "wrote 35,904 training + 4,096 held-out samples converted from criteo files" in r.stdout
+    # At the default dense learning rate (0.05) criteo_kaggle's loss spikes at step 2 on these log-scaled counts.
     r = cli("mode=train", "model=criteo_kaggle", "dsi=criteo", *SHRINK, "train.steps=120", "train.batch_size=128",
-            "train.eval_batches=8", "train.log_every=40", "planner.algorithm=greedy", timeout=600)
+            "train.eval_batches=8", "train.log_every=40", "planner.algorithm=greedy", "train.dense_learning_rate=0.01",
+            timeout=600)
     assert r.returncode == 0, r.stderr
     m = json.loads(sorted((tmp_path / "outputs").rglob("metrics.json"))[-1].read_text())
     assert m["samples_delivered"] == 120 * 128 * 2 and m["duplicate_samples"] == 0
