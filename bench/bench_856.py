@@ -2,7 +2,7 @@
 
 The model: prod_856's 856 tables and pooling factors, every table dim 16 and capped at 20,000 rows (so that it fits
 a CPU), `interaction: dcn` (one low-rank layer of rank 16), bottom MLP [64, 16], top MLP [64, 1]. Two gloo ranks,
-batch 256 per rank, through mode=train's own entry (neocfg.runtime.run.run), once per sharding type. Prints
+batch 256 per rank, through mode=train's own entry (neocfg.contract.train), once per sharding type. Prints
 samples/s and data_wait + comm_input as a share of the step (the target is <= 10% for both).
 
     .venv/bin/python bench/bench_856.py [--steps 20] [--sharding table_wise,row_wise] [--out 856.json]
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import compose_cfg, emit  # noqa: E402
 
 from neocfg.config.schema import NeocfgConfig  # noqa: E402
-from neocfg.runtime.run import run  # noqa: E402
+from neocfg.contract import train as run  # noqa: E402
 
 ROWS_CAP = 20_000
 DIM = 16

@@ -1,7 +1,7 @@
 """(b) End-to-end samples/s of dlrm_tiny and criteo_kaggle (rows capped) on 2 local ranks, fp32 vs fp16
 all-to-all; (c) the planner's predicted step time vs the measured one, for each of those runs.
 
-Every run goes through mode=train's own entry (neocfg.runtime.run.run): spawn 2 gloo ranks, train, evaluate. Each
+Every run goes through mode=train's own entry (neocfg.contract.train): spawn 2 gloo ranks, train, evaluate. Each
 model is planned once (fp32 all-to-all) and the fp16 run trains the same placement with only the all-to-all
 precision changed, so the two differ in nothing else.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cap_rows, compose_cfg, emit, record_results  # noqa: E402
 
-from neocfg.runtime.run import load_or_make_plan, run  # noqa: E402
+from neocfg.contract import load_or_make_plan, train as run  # noqa: E402
 from neocfg.types import CommDtype  # noqa: E402
 
 

@@ -51,7 +51,7 @@ from neocfg.interop.export import to_torchrec_dict  # noqa: E402
 from neocfg.planner import make_plan  # noqa: E402
 from neocfg.planner.costs import CostModel, dense_cost  # noqa: E402
 from neocfg.planner.estimate import rate_plan  # noqa: E402
-from neocfg.runtime.run import run  # noqa: E402
+from neocfg.contract import train as run  # noqa: E402
 
 EBC_PATH = "sparse_arch.embedding_bag_collection"
 # The GPU topology of part 1 and 2: TorchRec's defaults for 8-GPU hosts (ZionEX-like); the world sizes by default.

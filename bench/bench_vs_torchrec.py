@@ -247,7 +247,7 @@ def main() -> None:
     ap.add_argument("--out")
     a = ap.parse_args()
     ensure_torchrec()
-    from neocfg.runtime.run import load_or_make_plan
+    from neocfg.contract import load_or_make_plan
 
     results = {}
     with tempfile.TemporaryDirectory() as tmpdir:

@@ -1,7 +1,7 @@
 """Prediction error of the planner on this machine: models x per-rank batch sizes, repeated, medians.
 
 Each point plans the model (the hardware preset and any extra overrides, e.g. the pre-calibration constants) and
-trains it on 2 local ranks through mode=train's entry (neocfg.runtime.run.run), `--repeats` times; reports the
+trains it on 2 local ranks through mode=train's entry (neocfg.contract.train), `--repeats` times; reports the
 median measured step, the prediction, the error, and metrics.json's terms side by side (embedding compute,
 embedding communication, dense, data).
 
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cap_rows, compose_cfg, emit  # noqa: E402
 
-from neocfg.runtime.run import load_or_make_plan, run  # noqa: E402
+from neocfg.contract import load_or_make_plan, train as run  # noqa: E402
 
 
 def main() -> None:

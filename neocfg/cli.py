@@ -17,11 +17,11 @@ import hydra
 from omegaconf import DictConfig
 
 from neocfg.cli_errors import format_error
+from neocfg.config import CONF_DIR
 from neocfg.config.schema import NeocfgConfig, load, register
 from neocfg.errors import ConfigError, Interrupted, NeocfgError
 from neocfg.sweep.summary import STATUS_FILE
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 
 # Set (to anything but 0) to see tracebacks; `debug=true` (command line or a config file) sets it for the run.

@@ -16,17 +16,15 @@ def _describe(cfg: NeocfgConfig, run_dir: Path | None) -> object:
 
 
 def _plan(cfg: NeocfgConfig, run_dir: Path | None) -> object:
-    from neocfg.planner.advice import advising
-    from neocfg.planner.run import run
+    from neocfg.contract import plan
 
-    with advising(cfg):  # progress while planning; a plan that does not fit ends with checked advice
-        return run(cfg, run_dir)
+    return plan(cfg, run_dir)
 
 
 def _train(cfg: NeocfgConfig, run_dir: Path | None) -> object:
-    from neocfg.runtime.run import run
+    from neocfg.contract import train
 
-    return run(cfg, run_dir)
+    return train(cfg, run_dir)
 
 
 def _gen_data(cfg: NeocfgConfig, run_dir: Path | None) -> object:

@@ -68,6 +68,10 @@ class Estimate:
     dense_comm_ms: float = 0.0
     # Generating the batch where it shares the device's core (CPU ranks; planner.costs.data_ms), in every total_ms.
     data_ms: float = 0.0
+    # The data-parallel tables' backward inside the embedding terms (0 without them): their lookups' backward and
+    # the replicas' update passes, and their gradient all-reduce (neocfg.planner.assemble.replica_backward_ms).
+    dp_update_ms: float = 0.0
+    dp_all_reduce_ms: float = 0.0
 
     def embedding_terms_ms(self, devices: "tuple[DeviceEstimate, ...]") -> tuple[float, float]:
         """(compute, comm) of the embedding part on the busiest device: the device terms less the dense part."""

@@ -13,17 +13,10 @@ from typing import Any, Optional, Sequence
 from neocfg.config.model import ModelConfig
 from neocfg.errors import DataError
 from neocfg.plan import Plan
-from neocfg.planner.options import DP_DTYPES
+from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES
 from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
 
-# fbgemm's fused embedding kernels (TBE) need every looked-up width to be a multiple of 4 (neocfg/runtime/layout.py
-# rejects such table dims too); a column slice is one TBE table of num_cols columns.
-FBGEMM_DIM_MULTIPLE = 4
-
 _SHARD_FIELDS = ("rank", "row_offset", "num_rows", "col_offset", "num_cols")
-_ROW_SPLIT = (ShardingType.row_wise, ShardingType.table_row_wise)
-_COL_SPLIT = (ShardingType.column_wise, ShardingType.table_column_wise)
-_ONE_NODE = (ShardingType.table_row_wise, ShardingType.table_column_wise)
 
 
 class PlanError(DataError):
@@ -152,12 +145,15 @@ def check_plan(plan: Plan, source: str, model: Optional[ModelConfig] = None,
                 raise c.fail(f"table {t.name}", f"is {t.num_embeddings}x{t.embedding_dim} in the plan but "
                                                 f"{m.num_embeddings}x{m.embedding_dim} in model {model.name}")
     for t in plan.tables:
-        fault = _table_fault(t, world, plan.devices_per_node)
+        fault = table_fault(t, world, plan.devices_per_node)
         if fault:
             raise c.fail(f"table {t.name}", fault)
 
 
-def _table_fault(t: Any, world: int, per_node: int) -> Optional[str]:
+def table_fault(t: Any, world: int, per_node: int) -> Optional[str]:
+    """The first fault of one planned table, or None: its shards inside the world and the table, covering it once
+    (replicas: whole), then its sharding type's own rules and geometry (Scheme.fault, which the runtime's layout
+    applies too: a plan this accepts is one the runtime runs)."""
     n, d, shards = t.num_embeddings, t.embedding_dim, t.shards
     for s in shards:
         if not 0 <= s.rank < world:
@@ -169,30 +165,15 @@ def _table_fault(t: Any, world: int, per_node: int) -> Optional[str]:
                     f"{d} columns")
         if s.num_cols == 0:
             return f"the shard on rank {s.rank} has no columns"
-    if t.sharding is ShardingType.data_parallel:
-        if t.weights_dtype not in DP_DTYPES:
-            return (f"weights_dtype={t.weights_dtype.value} is not allowed for data_parallel: replicas are stored in "
-                    f"fp32 (neocfg/runtime/replicated.py); allowed: {', '.join(d.value for d in DP_DTYPES)}")
-        if any((s.row_offset, s.num_rows, s.col_offset, s.num_cols) != (0, n, 0, d) for s in shards):
-            return "data_parallel needs every shard to be a full replica"
-        ranks = sorted(s.rank for s in shards)
-        if ranks != list(range(world)):
-            return f"data_parallel needs one replica on each of ranks 0..{world - 1}, got ranks {ranks}"
-        return None
-    if t.sharding is ShardingType.table_wise and len(shards) != 1:
-        return f"table_wise needs exactly one shard, got {len(shards)}"
-    if t.sharding in _ROW_SPLIT and any((s.col_offset, s.num_cols) != (0, d) for s in shards):
-        return f"{t.sharding.value} shards must hold all {d} columns"
-    if t.sharding in _COL_SPLIT:
-        if any((s.row_offset, s.num_rows) != (0, n) for s in shards):
-            return f"{t.sharding.value} shards must hold all {n} rows"
-        odd = [s for s in shards if s.num_cols % FBGEMM_DIM_MULTIPLE]
-        if odd:
-            return (f"the column slice on rank {odd[0].rank} is {odd[0].num_cols} columns wide; fbgemm needs a "
-                    f"multiple of {FBGEMM_DIM_MULTIPLE}")
-    if t.sharding in _ONE_NODE and len({s.rank // per_node for s in shards}) != 1:
-        return f"{t.sharding.value} needs all shards on the ranks of one node ({per_node} per node)"
-    return _covers_exactly_once(n, d, [(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in shards])
+        if s.num_cols % FBGEMM_DIM_ALIGN:
+            return (f"the shard on rank {s.rank} is {s.num_cols} columns wide; fbgemm needs a multiple of "
+                    f"{FBGEMM_DIM_ALIGN}")
+    scheme = SCHEMES[t.sharding]
+    if scheme.tiles:
+        gap = _covers_exactly_once(n, d, [(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in shards])
+        if gap:
+            return gap
+    return scheme.fault(t, world, per_node)
 
 
 def load_plan_file(path: str | Path, model: Optional[ModelConfig] = None,

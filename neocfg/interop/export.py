@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from neocfg.errors import DataError
 from neocfg.fileio import write_text_atomic
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
-from neocfg.sharding.base import row_block, row_ranges
+from neocfg.sharding import SCHEMES, OutputKind, Routing, row_block, row_ranges
 from neocfg.types import CommDtype, DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 EXPORT_FORMAT = "neocfg-torchrec-plan"
@@ -33,8 +33,6 @@ KERNEL_OF_TIER = {MemoryTier.hbm: "fused", MemoryTier.uvm_caching: "fused_uvm_ca
 TIER_OF_KERNEL = {v: k for k, v in KERNEL_OF_TIER.items()}
 # Data-parallel tables are plain replicated parameters in TorchRec (dense kernel, gradients all-reduced).
 DATA_PARALLEL_KERNEL = "dense"
-_COL_SPLIT = (ShardingType.column_wise, ShardingType.table_column_wise)
-_ROW_SPLIT = (ShardingType.row_wise, ShardingType.table_row_wise)
 
 
 def compute_device_of(kind: DeviceKind) -> str:
@@ -42,14 +40,17 @@ def compute_device_of(kind: DeviceKind) -> str:
 
 
 def compute_kernel(t: TablePlan) -> str:
-    return DATA_PARALLEL_KERNEL if t.sharding is ShardingType.data_parallel else KERNEL_OF_TIER[t.memory]
+    return DATA_PARALLEL_KERNEL if _replicated(t.sharding) else KERNEL_OF_TIER[t.memory]
+
+
+def _replicated(sharding: ShardingType) -> bool:
+    """Whole replicas (TorchRec's data-parallel: a dense parameter, no sharding spec)."""
+    return SCHEMES[sharding].kind is OutputKind.replicated
 
 
 def ordered_shards(t: TablePlan) -> list[Shard]:
     """TorchRec's shard order: column slices left to right (each slice is a table of its own), others by rank."""
-    if t.sharding in _COL_SPLIT:
-        return sorted(t.shards, key=lambda s: s.col_offset)
-    return sorted(t.shards, key=lambda s: (s.row_offset, s.rank))
+    return SCHEMES[t.sharding].ordered(t.shards)
 
 
 def _row_split_fault(t: TablePlan, shards: list[Shard]) -> str | None:
@@ -66,11 +67,11 @@ def _row_split_fault(t: TablePlan, shards: list[Shard]) -> str | None:
 
 def table_entry(t: TablePlan) -> dict[str, Any]:
     shards = ordered_shards(t)
-    if t.sharding in _ROW_SPLIT:
+    if SCHEMES[t.sharding].routing is Routing.by_row:
         fault = _row_split_fault(t, shards)
         if fault:
             raise DataError(fault)
-    spec = None if t.sharding is ShardingType.data_parallel else [
+    spec = None if _replicated(t.sharding) else [
         {"rank": s.rank, "offsets": [s.row_offset, s.col_offset], "sizes": [s.num_rows, s.num_cols]}
         for s in shards]
     return {"sharding_type": t.sharding.value, "compute_kernel": compute_kernel(t),
@@ -110,7 +111,7 @@ def table_plan_of(name: str, num_embeddings: int, embedding_dim: int, entry: Map
     if memory is None:
         raise DataError(f"table {name}: compute kernel {kernel!r} has no neocfg memory tier "
                         f"(known: {', '.join([DATA_PARALLEL_KERNEL, *TIER_OF_KERNEL])})")
-    if sharding is ShardingType.data_parallel or entry.get("shards") is None:
+    if _replicated(sharding) or entry.get("shards") is None:
         ranks = entry.get("ranks") or list(range(world_size))
         shards = tuple(Shard(r, 0, num_embeddings, 0, embedding_dim) for r in ranks)
     else:

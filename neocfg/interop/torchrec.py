@@ -45,7 +45,7 @@ from neocfg.errors import ConfigError
 from neocfg.interop.export import (TIER_OF_KERNEL, compute_device_of, read_torchrec_dict, table_plan_of,
                                    to_torchrec_dict, unrated_plan)
 from neocfg.plan import GIVEN_PLAN_ALGORITHM, Plan
-from neocfg.planner.options import DP_DTYPES
+from neocfg.sharding import SCHEMES
 from neocfg.types import Interaction, MemoryTier, ShardingType, WeightsDtype
 
 GIB = 1024**3
@@ -142,7 +142,7 @@ def compose_config(overrides: Sequence[str]) -> NeocfgConfig:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from neocfg.cli import CONF_DIR
+    from neocfg.config import CONF_DIR
     from neocfg.config.schema import load, register
 
     register()
@@ -281,7 +281,7 @@ def from_sharding_plan(sharding_plan: ShardingPlan, module: nn.Module, sharders:
                      "shards": shards}
             dtype = WeightsDtype.fp16 if c.data_type is DataType.FP16 else WeightsDtype.fp32
             if ps.sharding_type == ShardingType.data_parallel.value:
-                dtype = DP_DTYPES[0]   # neocfg's replicas are fp32 whatever the table's type (runtime/replicated.py)
+                dtype = SCHEMES[ShardingType.data_parallel].weights_dtypes[0]   # how neocfg stores replicas
             tables.append(table_plan_of(name, c.num_embeddings, c.embedding_dim, entry, world_size, dtype))
     order = list(configs)
     tables.sort(key=lambda t: order.index(t.name))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from typing import Sequence
 
@@ -9,16 +10,17 @@ from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
 from neocfg.planner.costs import CostModel, DenseCost, data_ms
-from neocfg.planner.types import Perf, Placement, SolveResult
-from neocfg.sharding import SCHEMES
-from neocfg.types import MemoryTier, ShardingType
+from neocfg.perf import Perf
+from neocfg.planner.types import Placement, SolveResult
+from neocfg.sharding import SCHEMES, OutputKind
+from neocfg.types import MemoryTier
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
     """The sharding type's geometry (neocfg.sharding) over the placement's ranks, listed in rank order (CW/TWCW:
     slice i stays on ranks[i]; without fixed ranks ascending ranks get ascending column ranges)."""
     s, ranks = placement.option.sharding, placement.ranks
-    if s in (ShardingType.column_wise, ShardingType.table_column_wise) and placement.option.fixed_ranks is None:
+    if SCHEMES[s].sliced and placement.option.fixed_ranks is None:
         ranks = tuple(sorted(ranks))
     shards = SCHEMES[s].shards(table.num_embeddings, table.embedding_dim, ranks)
     return tuple(sorted(shards, key=lambda x: x.rank))
@@ -70,7 +72,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                   cache_ratio=cost.cache_ratio if p.option.tier is MemoryTier.uvm_caching else 0.0)
         for t, p in zip(tables, placements))
     hw = cfg.hardware
-    return Plan(
+    plan = Plan(
         model_name=cfg.model.name, world_size=hw.num_devices, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
         batch_size_per_device=cfg.train.batch_size, a2a_fwd_dtype=cfg.planner.a2a_fwd_dtype,
         a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=devices,
@@ -81,3 +83,24 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                             objective_ms=step, lower_bound_ms=lb, gap=gap,
                             placement_source=result.placement_source.value),
         dpp=None)
+    dp_update, dp_all_reduce = replica_backward_ms(cfg, plan, cost)
+    return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, dp_update_ms=dp_update,
+                                                                  dp_all_reduce_ms=dp_all_reduce))
+
+
+def replica_backward_ms(cfg: NeocfgConfig, plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:
+    """The data-parallel tables' backward on every device as the cost model prices it (what the runtime's
+    dp_update and comm_dp laps measure): (their lookups' backward and replica_update_ms; their gradient all-reduce,
+    bytes and its collective's latency). (0, 0) without data-parallel tables."""
+    tables = [t for t in cfg.model.tables if SCHEMES[plan.table(t.name).sharding].kind is OutputKind.replicated]
+    if not tables:
+        return 0.0, 0.0
+    cost = cost or CostModel.from_config(cfg)
+    compute, comm = 0.0, cost.all_reduce_latency_ms
+    for t in tables:
+        tp = plan.table(t.name)
+        shape = cost.shape(t, tp.sharding, 1)
+        perf = cost.compute(t, shape, tp.memory, tp.weights_dtype) + cost.replica_update_ms(tp.sharding, shape)
+        compute += perf.bwd_compute
+        comm += cost.comm(t, tp.sharding, shape).bwd_comm
+    return compute, comm

@@ -37,7 +37,8 @@ import numpy as np
 from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
-from neocfg.planner.types import Perf, Storage, Topology
+from neocfg.perf import Perf
+from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
 from neocfg.types import (DataSource, DenseOptimizer, DeviceKind, Interaction, MemoryTier, ShardingType,
                           SparseOptimizer, WeightsDtype)
@@ -161,6 +162,11 @@ class CostModel:
     def global_batch(self) -> int:
         return self.batch_size * self.topo.world
 
+    @property
+    def id_bytes(self) -> int:
+        """Bytes of one id on the wire and in the receive buffers."""
+        return self.consts.id_bytes
+
     # ---- communication: milliseconds per byte -------------------------------------------------------------
     def a2a_ms_per_byte(self) -> float:
         """A device exchanging bytes evenly with every device of the world (itself free)."""
@@ -207,7 +213,7 @@ class CostModel:
         weights = shape.rows * shape.cols * dtype.bytes
         state = self.optimizer_state_bytes(shape.rows, shape.cols)
         # ids received + pooled outputs produced + their gradients received, fp32 on the device.
-        buffers = int(shape.lookup_rows * self.consts.id_bytes + 2 * shape.output_samples * shape.cols * FP32)
+        buffers = int(shape.lookup_rows * self.id_bytes + 2 * shape.output_samples * shape.cols * FP32)
         buffers += SCHEMES[sharding].gradient_bytes(shape)
         if tier is MemoryTier.hbm:
             return Storage(weights + state + buffers, 0)

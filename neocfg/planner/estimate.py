@@ -17,12 +17,11 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
 from neocfg.plan import GIVEN_PLAN_ALGORITHM, Plan, SolverReport
 from neocfg.plan_check import PlanError, check_plan, load_plan_file
-from neocfg.planner.assemble import assemble
+from neocfg.planner.assemble import assemble, replica_backward_ms
 from neocfg.planner.costs import GIB, CostModel, dense_cost
 from neocfg.planner.loads import DeviceLoads
-from neocfg.planner.options import SLICED
 from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult
-from neocfg.types import ShardingType
+from neocfg.sharding import SCHEMES
 
 GIVEN_STATUS = "given plan, rated without solving (no lower bound)"
 
@@ -33,7 +32,7 @@ def placements_of(cfg: NeocfgConfig, cost: CostModel, plan: Plan) -> tuple[Place
     for i, table in enumerate(cfg.model.tables):
         tp = plan.table(table.name)
         ranks = tuple(s.rank for s in tp.shards)
-        k = len(ranks) if tp.sharding in SLICED else 1
+        k = len(ranks) if SCHEMES[tp.sharding].sliced else 1
         perf, storage = cost.piece(table, tp.sharding, tp.memory, tp.weights_dtype, k)
         option = ShardingOption(i, tp.sharding, tp.memory, tp.weights_dtype, len(ranks), perf, storage,
                                 fixed_ranks=ranks)
@@ -69,25 +68,6 @@ def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str, check_memory: bool = T
                             seconds=time.perf_counter() - start, objective_ms=step, lower_bound_ms=0.0, gap=1.0,
                             placement_source=PlacementSource.given.value))
     return size_dpp(cfg, rated)
-
-
-def replica_backward_ms(cfg: NeocfgConfig, plan: Plan) -> tuple[float, float]:
-    """The data-parallel tables' backward on every device as the cost model prices it (what the runtime's
-    dp_update and comm_dp laps measure): (their lookups' backward and replica_update_ms; their gradient all-reduce,
-    bytes and its collective's latency). (0, 0) without data-parallel tables."""
-    dp = ShardingType.data_parallel
-    tables = [t for t in cfg.model.tables if plan.table(t.name).sharding is dp]
-    if not tables:
-        return 0.0, 0.0
-    cost = CostModel.from_config(cfg)
-    compute, comm = 0.0, cost.all_reduce_latency_ms
-    for t in tables:
-        tp = plan.table(t.name)
-        shape = cost.shape(t, dp, 1)
-        perf = cost.compute(t, shape, tp.memory, tp.weights_dtype) + cost.replica_update_ms(dp, shape)
-        compute += perf.bwd_compute
-        comm += cost.comm(t, dp, shape).bwd_comm
-    return compute, comm
 
 
 def rate_plan_file(cfg: NeocfgConfig, path: str | Path) -> Plan:

@@ -15,11 +15,11 @@ from neocfg.errors import ConfigError, InfeasibleError
 from neocfg.planner.costs import GIB, CostModel, ceil_div
 from neocfg.planner.fixed import FixedCosts, lookup_group
 from neocfg.planner.types import ShardingOption, Storage, Topology
+from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES
 from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 # TBE kernels need every slice's width to be a multiple of this.
-COLUMN_ALIGN = 4
-SLICED = (ShardingType.column_wise, ShardingType.table_column_wise)
+COLUMN_ALIGN = FBGEMM_DIM_ALIGN
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ def table_choices(cfg: NeocfgConfig, table: TableConfig) -> Choices:
 def slice_counts(cfg: NeocfgConfig, table: TableConfig, sharding: ShardingType) -> list[int]:
     """Slice counts k >= 2 for which D/k is a multiple of 4 and k fits the world (CW) or one node (TWCW)."""
     d = table.embedding_dim
-    limit = cfg.hardware.num_devices if sharding is ShardingType.column_wise else cfg.hardware.devices_per_node
-    limit = min(limit, cfg.planner.max_column_slices)
+    limit = min(SCHEMES[sharding].max_slices(cfg.hardware.num_devices, cfg.hardware.devices_per_node),
+                cfg.planner.max_column_slices)
     if table.ranks is not None:
         ks = [len(table.ranks)]
     else:
@@ -65,31 +65,11 @@ def slice_counts(cfg: NeocfgConfig, table: TableConfig, sharding: ShardingType) 
 
 def _geometry_ok(cfg: NeocfgConfig, table: TableConfig, sharding: ShardingType) -> bool:
     hw = cfg.hardware
-    n = table.num_embeddings
-    ranks = table.ranks
-    if sharding is ShardingType.row_wise:
-        # ceil split must leave every rank a non-empty row range
-        return ranks is None and hw.num_devices >= 2 and n > (hw.num_devices - 1) * ceil_div(n, hw.num_devices)
-    if sharding is ShardingType.table_row_wise:
-        p = hw.devices_per_node
-        return ranks is None and p >= 2 and n > (p - 1) * ceil_div(n, p)
-    if sharding is ShardingType.data_parallel:
-        return ranks is None
-    if sharding is ShardingType.table_wise:
-        return ranks is None or len(ranks) == 1
-    if ranks is not None:
-        if len(set(ranks)) != len(ranks):
-            return False
-        if sharding is ShardingType.table_column_wise and len({r // hw.devices_per_node for r in ranks}) != 1:
-            return False
-    return True
+    return SCHEMES[sharding].placeable(table.num_embeddings, table.ranks, hw.num_devices, hw.devices_per_node)
 
 
 def _pieces(cfg: NeocfgConfig, sharding: ShardingType, k: int) -> int:
-    hw = cfg.hardware
-    return {ShardingType.table_wise: 1, ShardingType.column_wise: k, ShardingType.table_column_wise: k,
-            ShardingType.table_row_wise: hw.devices_per_node, ShardingType.row_wise: hw.num_devices,
-            ShardingType.data_parallel: hw.num_devices}[sharding]
+    return SCHEMES[sharding].num_pieces(cfg.hardware.num_devices, cfg.hardware.devices_per_node, k)
 
 
 def _dominates(a: ShardingOption, b: ShardingOption, group_ms: float) -> bool:
@@ -116,38 +96,35 @@ def prune(options: list[ShardingOption], group_ms: float) -> list[ShardingOption
     return kept
 
 
-# Weight dtypes a data-parallel replica is stored in: runtime/replicated.py keeps replicas in fp32 whatever the
-# plan says (fbgemm's dense TBE on fp16 weights returns an fp16 weight gradient; fp16 replicas failed the
-# fp16_weights sharded == unsharded case, 30% of a table's movement off), so fp16 DP options would be sized at half
-# the bytes the runtime holds.
-DP_DTYPES = (WeightsDtype.fp32,)
-
-
 def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[ShardingOption]:
     """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed."""
     table = cfg.model.tables[index]
     ch = table_choices(cfg, table)
     out: list[ShardingOption] = []
     shapes = [(s, k) for s in ch.shardings if _geometry_ok(cfg, table, s)
-              for k in (slice_counts(cfg, table, s) if s in SLICED else [1])]
+              for k in (slice_counts(cfg, table, s) if SCHEMES[s].sliced else [1])]
     if not shapes or not ch.tiers or not ch.dtypes:
         raise ConfigError(f"model.tables.{index}", table.name, _no_shape(cfg, table, ch))
-    if all(s is ShardingType.data_parallel for s, _ in shapes) and not set(ch.dtypes) & set(DP_DTYPES):
+    stored = [SCHEMES[s].weights_dtypes for s, _ in shapes]
+    if all(d is not None and not set(ch.dtypes) & set(d) for d in stored):
+        only = shapes[0][0]
+        allowed = SCHEMES[only].weights_dtypes or ()
         raise ConfigError(f"model.tables.{index}", table.name,
-                          f"data_parallel is its only allowed sharding type and replicas are stored in"
-                          f" {[d.value for d in DP_DTYPES]}, but its weight dtypes are {[d.value for d in ch.dtypes]}:"
-                          f" add fp32 to planner.weights_dtypes (or the table's weights_dtypes) or allow another"
-                          f" sharding type")
+                          f"{only.value} is its only allowed sharding type and its pieces are stored in"
+                          f" {[d.value for d in allowed]}, but its weight dtypes are {[d.value for d in ch.dtypes]}:"
+                          f" add {allowed[0].value} to planner.weights_dtypes (or the table's weights_dtypes) or"
+                          f" allow another sharding type")
     for sharding in ch.shardings:
         if not _geometry_ok(cfg, table, sharding):
             continue
-        ks = slice_counts(cfg, table, sharding) if sharding in SLICED else [1]
+        scheme = SCHEMES[sharding]
+        ks = slice_counts(cfg, table, sharding) if scheme.sliced else [1]
         for k in ks:
             for tier in ch.tiers:
-                if sharding is ShardingType.data_parallel and tier is not MemoryTier.hbm:
+                if scheme.memory_tiers is not None and tier not in scheme.memory_tiers:
                     continue
                 for dtype in ch.dtypes:
-                    if sharding is ShardingType.data_parallel and dtype not in DP_DTYPES:
+                    if scheme.weights_dtypes is not None and dtype not in scheme.weights_dtypes:
                         continue
                     perf, storage = cost.piece(table, sharding, tier, dtype, k)
                     if not storage.fits(cost.capacity):

@@ -9,13 +9,12 @@ from pathlib import Path
 
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import GIVEN_PLAN_ALGORITHM, DeviceEstimate, Plan
+from neocfg.sharding import SCHEMES
 from neocfg.types import ShardingType
 
 GIB = 1024**3
 # With more devices than this the table lists the busiest and the least busy ones only.
 MAX_LISTED_DEVICES = 16
-_ABBREV = {ShardingType.table_wise: "TW", ShardingType.column_wise: "CW", ShardingType.table_column_wise: "TWCW",
-           ShardingType.row_wise: "RW", ShardingType.table_row_wise: "TWRW", ShardingType.data_parallel: "DP"}
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,8 @@ def _pct(used: float, cap: float) -> str:
 
 
 def _device_row(d: DeviceEstimate, caps: Capacities) -> str:
-    counts = " ".join(f"{_ABBREV[s]}={d.shard_counts[s.value]}" for s in ShardingType if d.shard_counts.get(s.value))
+    counts = " ".join(f"{SCHEMES[s].abbrev}={d.shard_counts[s.value]}" for s in ShardingType
+                      if d.shard_counts.get(s.value))
     return (f"  {d.rank:>5} {d.hbm_bytes / GIB:>9.2f} {_pct(d.hbm_bytes, caps.hbm)} {d.host_bytes / GIB:>9.2f}"
             f" {_pct(d.host_bytes, caps.host)} {d.compute_ms:>10.3f} {d.comm_ms:>8.3f} {d.total_ms:>9.3f}  {counts}")
 
@@ -74,7 +74,7 @@ def summary(cfg: NeocfgConfig, plan: Plan) -> str:
     lines += [
         f"totals: HBM {hbm / GIB:,.2f} GiB ({_pct(hbm, caps.hbm * w).strip()}), host {host / GIB:,.2f} GiB"
         f" ({_pct(host, caps.host * w).strip()}); tables: "
-        + ", ".join(f"{_ABBREV[k]} {v}" for k, v in sorted(per_type.items(), key=lambda kv: -kv[1]))
+        + ", ".join(f"{SCHEMES[k].abbrev} {v}" for k, v in sorted(per_type.items(), key=lambda kv: -kv[1]))
         + "; tiers: " + ", ".join(f"{k} {v}" for k, v in sorted(per_tier.items()))
         + "; weights: " + ", ".join(f"{k} {v}" for k, v in sorted(per_dtype.items())),
         f"estimate: step {e.step_ms:,.3f} ms (dense {e.dense_ms:,.3f} ms), {e.samples_per_s:,.0f} samples/s",

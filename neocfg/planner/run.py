@@ -1,5 +1,5 @@
 """mode=plan: the dry run. Plans (or, with planner.plan_file, validates and rates that plan without solving), prints
-the summary, writes plan.json and plan.png into the run directory.
+the summary, writes plan.json and plan.png into the run directory (neocfg.contract.plan adds the TorchRec export).
 
 Nothing is written unless planning succeeded; plan.json is written atomically."""
 
@@ -11,7 +11,6 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import Plan
 from neocfg.planner import make_plan
 from neocfg.planner.report import save_png, summary
-from neocfg.types import PlanExport
 
 
 def run(cfg: NeocfgConfig, run_dir: Path | None) -> Plan:
@@ -28,10 +27,4 @@ def run(cfg: NeocfgConfig, run_dir: Path | None) -> Plan:
         plan.save(run_dir / "plan.json")
         save_png(cfg, plan, run_dir / "plan.png")
         print(f"plan written to {run_dir / 'plan.json'}, plot {run_dir / 'plan.png'}")
-        if cfg.planner.export is PlanExport.torchrec:
-            from neocfg.interop.export import EXPORT_FILE, compute_device_of, write_torchrec_plan
-
-            write_torchrec_plan(plan, compute_device_of(cfg.hardware.device.kind), run_dir / EXPORT_FILE)
-            print(f"TorchRec plan written to {run_dir / EXPORT_FILE} "
-                  f"(neocfg.interop.torchrec.load_torchrec_plan(path, module) -> ShardingPlan)")
     return plan

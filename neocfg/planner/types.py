@@ -1,4 +1,4 @@
-"""Planner-internal value types passed between the stages: per-device time (Perf), memory (Storage), the
+"""Planner-internal value types passed between the stages: per-device time (Perf, neocfg.perf), memory (Storage), the
 candidate shardings of a table (ShardingOption) and where a chosen option's shards go (Placement)."""
 
 from __future__ import annotations
@@ -8,38 +8,9 @@ from enum import Enum
 from functools import cached_property
 from typing import Optional
 
+from neocfg.perf import Perf
+from neocfg.sharding import SCHEMES, Spread
 from neocfg.types import MemoryTier, ShardingType, WeightsDtype
-
-
-@dataclass(frozen=True)
-class Perf:
-    """Estimated milliseconds per training step on one device."""
-
-    fwd_compute: float = 0.0
-    bwd_compute: float = 0.0
-    fwd_comm: float = 0.0
-    bwd_comm: float = 0.0
-
-    @property
-    def compute(self) -> float:
-        return self.fwd_compute + self.bwd_compute
-
-    @property
-    def comm(self) -> float:
-        return self.fwd_comm + self.bwd_comm
-
-    @cached_property
-    def total(self) -> float:
-        return self.compute + self.comm
-
-    def __add__(self, other: "Perf") -> "Perf":
-        return Perf(self.fwd_compute + other.fwd_compute, self.bwd_compute + other.bwd_compute,
-                    self.fwd_comm + other.fwd_comm, self.bwd_comm + other.bwd_comm)
-
-    def __mul__(self, k: float) -> "Perf":
-        return Perf(self.fwd_compute * k, self.bwd_compute * k, self.fwd_comm * k, self.bwd_comm * k)
-
-    __rmul__ = __mul__
 
 
 @dataclass(frozen=True)
@@ -61,25 +32,6 @@ class Storage:
         return self.hbm <= capacity.hbm and self.host <= capacity.host
 
 
-class Spread(Enum):
-    """Which devices receive a piece of an option."""
-
-    one = "one"                # table-wise: one device
-    distinct = "distinct"      # column-wise: k distinct devices anywhere
-    node_distinct = "node_distinct"  # table-column-wise: k distinct devices of one node
-    node = "node"              # table-row-wise: every device of one node
-    world = "world"            # row-wise, data-parallel: every device
-
-    @staticmethod
-    def of(sharding: ShardingType) -> "Spread":
-        return _SPREAD[sharding]
-
-
-_SPREAD = {ShardingType.table_wise: Spread.one, ShardingType.column_wise: Spread.distinct,
-           ShardingType.table_column_wise: Spread.node_distinct, ShardingType.table_row_wise: Spread.node,
-           ShardingType.row_wise: Spread.world, ShardingType.data_parallel: Spread.world}
-
-
 @dataclass(frozen=True)
 class ShardingOption:
     """One way to shard a table: every device the option touches gets the same `piece` (time and memory)."""
@@ -95,7 +47,7 @@ class ShardingOption:
 
     @cached_property
     def spread(self) -> Spread:
-        return Spread.of(self.sharding)
+        return SCHEMES[self.sharding].spread
 
     @cached_property
     def is_uniform(self) -> bool:
@@ -112,7 +64,7 @@ class ShardingOption:
         return self.perf.comm * self.num_pieces
 
     def label(self) -> str:
-        k = f"x{self.num_pieces}" if self.sharding in (ShardingType.column_wise, ShardingType.table_column_wise) else ""
+        k = f"x{self.num_pieces}" if SCHEMES[self.sharding].sliced else ""
         return f"{self.sharding.value}{k}/{self.tier.value}/{self.dtype.value}"
 
 

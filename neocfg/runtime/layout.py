@@ -2,8 +2,8 @@
 
 Every rank computes the layout of the whole world from the plan (deterministically), so senders know what each
 receiver expects and receivers know what each sender holds, without any metadata exchange. Each sharding type's
-geometry, routing and output kind come from its Scheme (neocfg/sharding/<type>.py); a plan whose shards are not
-its type's geometry is refused.
+geometry, routing and output kind come from its Scheme (neocfg/sharding/<type>.py); a plan whose table fails the
+plan validator (neocfg.plan_check.table_fault: the same check mode=plan applies) is refused.
 
 How a table's pooled output returns to the rank whose samples it belongs to (OutputKind):
   all_to_all      TW, CW, TWCW and TWRW (and RW tables not spread over the whole world): every owner sends each
@@ -28,6 +28,7 @@ import torch
 from neocfg.config.model import ModelConfig
 from neocfg.errors import ConfigError, DataError
 from neocfg.plan import Plan
+from neocfg.plan_check import table_fault
 from neocfg.sharding import SCHEMES, OutputKind, Routing
 from neocfg.types import MemoryTier, WeightsDtype
 
@@ -167,20 +168,14 @@ def build_layout(plan: Plan, model: ModelConfig, rank: int) -> Layout:
         if tp.embedding_dim % 4:
             raise ConfigError(f"model.tables.{t}.embedding_dim", tp.embedding_dim,
                               "fbgemm's fused embedding kernels need a multiple of 4")
+        fault = table_fault(tp, world, plan.devices_per_node)   # the validator plan_check applies
+        if fault:
+            raise DataError(f"plan table {tp.name} ({tp.sharding.value}): {fault}; re-plan")
         shard_ranks = [s.rank for s in tp.shards]
-        if any(not 0 <= r < world for r in shard_ranks):
-            raise DataError(f"plan table {tp.name} has a shard on a rank outside world size {world}")
         scheme = SCHEMES[tp.sharding]
-        wrong = scheme.check(tp.num_embeddings, tp.embedding_dim, tp.shards)
-        if wrong:
-            raise DataError(f"plan table {tp.name} ({tp.sharding.value}) has shards "
-                            f"{[(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in tp.shards]}, not "
-                            f"{tp.sharding.value}'s geometry: {wrong}; re-plan")
         kind = scheme.output_kind(shard_ranks, world, plan.devices_per_node)
         if kind is OutputKind.hierarchical:
             table_node[t] = shard_ranks[0] // plan.devices_per_node
-        if kind is OutputKind.replicated and sorted(shard_ranks) != list(range(world)):
-            raise DataError(f"plan table {tp.name} is data_parallel but has no replica on every rank")
         kinds.append(kind)
         routings.append(scheme.routing)
         if kind is OutputKind.replicated:

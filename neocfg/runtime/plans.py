@@ -19,18 +19,8 @@ def table_shards(sharding: ShardingType, rows: int, dim: int, ranks: Sequence[in
 
 
 def default_ranks(sharding: ShardingType, table_index: int, world: int, devices_per_node: int) -> list[int]:
-    """Where a rule-built plan puts table i: TW round-robin; CW over 2 ranks; RW/DP everywhere;
-    TWRW/TWCW on all ranks of node (i mod nodes)."""
-    nodes = world // devices_per_node
-    if sharding is ShardingType.table_wise:
-        return [table_index % world]
-    if sharding is ShardingType.column_wise:
-        k = min(2, world)
-        return [(table_index + j) % world for j in range(k)]
-    if sharding in (ShardingType.table_row_wise, ShardingType.table_column_wise):
-        node = table_index % nodes
-        return list(range(node * devices_per_node, (node + 1) * devices_per_node))
-    return list(range(world))
+    """Where a rule-built plan puts table i: the sharding type's own default (Scheme.default_ranks)."""
+    return SCHEMES[sharding].default_ranks(table_index, world, devices_per_node)
 
 
 def rule_plan(model: ModelConfig, *, world: int, devices_per_node: int, batch_size: int,
@@ -39,17 +29,19 @@ def rule_plan(model: ModelConfig, *, world: int, devices_per_node: int, batch_si
               weights_dtype: WeightsDtype = WeightsDtype.fp32, memory: MemoryTier = MemoryTier.hbm,
               a2a_fwd_dtype: CommDtype = CommDtype.fp32, a2a_bwd_dtype: CommDtype = CommDtype.fp32,
               step_ms: float = 0.0) -> Plan:
-    """A Plan with every table (or each table by name, from a mapping) sharded as given; data-parallel tables in
-    fp32 whatever weights_dtype (their replicas are stored so, and plan_check refuses anything else)."""
-    from neocfg.planner.options import DP_DTYPES
-
+    """A Plan with every table (or each table by name, from a mapping) sharded as given; a table whose sharding
+    type allows other weight dtypes or memory tiers only (Scheme.weights_dtypes / memory_tiers: data-parallel
+    replicas, fp32 in hbm) takes the first of those."""
     tables = []
     for i, t in enumerate(model.tables):
         st = sharding if isinstance(sharding, ShardingType) else sharding[t.name]
         rks = list((ranks or {}).get(t.name) or default_ranks(st, i, world, devices_per_node))
-        dtype = weights_dtype if st is not ShardingType.data_parallel or weights_dtype in DP_DTYPES else DP_DTYPES[0]
+        allowed = SCHEMES[st].weights_dtypes
+        dtype = weights_dtype if allowed is None or weights_dtype in allowed else allowed[0]
+        tiers = SCHEMES[st].memory_tiers
+        tier = memory if tiers is None or memory in tiers else tiers[0]
         tables.append(TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
-                                sharding=st, memory=memory, weights_dtype=dtype,
+                                sharding=st, memory=tier, weights_dtype=dtype,
                                 shards=table_shards(st, t.num_embeddings, t.embedding_dim, rks)))
     devices = tuple(DeviceEstimate(rank=r, hbm_bytes=0, host_bytes=0, compute_ms=0.0, comm_ms=0.0, total_ms=step_ms)
                     for r in range(world))

@@ -11,7 +11,7 @@ Data-parallel replicas are kept in fp32 whatever the plan's weights_dtype. fbgem
 weights on CPU, but then hands back an fp16 weight gradient (accumulated in fp16): tried on 3 Dec, a 3-row table
 hit by the whole batch ended 30% of its movement away from the unsharded run (tests/test_runtime_correctness.py
 fp16_weights; sharded fp16 tables, whose fused update accumulates in fp32, stay within 20%). So the planner offers
-data_parallel in fp32 only (neocfg.planner.options.DP_DTYPES) and sizes the replicas at the 4 bytes they use.
+data_parallel in fp32 only (DataParallel.weights_dtypes in neocfg/sharding/data_parallel.py) and sizes the replicas at the 4 bytes they use.
 """
 
 from __future__ import annotations

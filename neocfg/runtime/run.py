@@ -1,11 +1,12 @@
-"""mode=train: plan (or load planner.plan_file), start the ranks, train, evaluate, write metrics.json."""
+"""mode=train's runtime: start the ranks on the plan it is given (neocfg.contract plans, loads or rates it), train,
+evaluate, write metrics.json. Nothing here plans or prices: the plan says what runs and what it should cost."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import CheckpointError, ConfigError, NeocfgError
@@ -17,14 +18,8 @@ from neocfg.runtime.launch import RankEnv, check_single_host, keep_freed_memory,
 from neocfg.types import Backend
 
 
-def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
-    if cfg.planner.plan_file:
-        from neocfg.plan_check import load_plan_file
-
-        return load_plan_file(cfg.planner.plan_file, cfg.model, cfg.hardware.num_devices)
-    from neocfg.planner.advice import plan_or_advise
-
-    return plan_or_advise(cfg)
+# Makes the run's plan (neocfg.contract.load_or_make_plan): a validated Plan with its predicted terms.
+PlanMaker = Callable[[NeocfgConfig], Plan]
 
 
 def checkpoint_root(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[Path]:
@@ -35,14 +30,16 @@ def checkpoint_root(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[Path
     return run_dir / "checkpoints" if run_dir is not None and tc.checkpoint_every else None
 
 
-def _rank_main(env: RankEnv, cfg: NeocfgConfig, plan: Optional[Plan], run_dir: Optional[Path]) -> Any:
+def _rank_main(env: RankEnv, cfg: NeocfgConfig, plan: Optional[Plan], run_dir: Optional[Path],
+               make_plan: Optional[PlanMaker] = None) -> Any:
     from neocfg.runtime.train import train_rank
 
     keep_freed_memory()
     if plan is None:  # under torchrun every process runs the CLI: rank 0 plans, the others take its plan
         import torch.distributed as dist
 
-        box = [load_or_make_plan(cfg).to_dict() if env.rank == 0 else None]
+        assert make_plan is not None, "under torchrun rank 0 makes the plan"
+        box = [make_plan(cfg).to_dict() if env.rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         plan = Plan.from_dict(box[0])
         if env.rank == 0 and run_dir is not None:
@@ -123,7 +120,8 @@ def _check_resume(cfg: NeocfgConfig, plan: Optional[Plan], root: Path, world: in
     return None
 
 
-def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
+def run(cfg: NeocfgConfig, run_dir: Optional[Path], make_plan: PlanMaker) -> Optional[RunMetrics]:
+    """Train cfg on the plan make_plan(cfg) returns (called once: here, or on rank 0 under torchrun)."""
     check_trainable(cfg)
     if cfg.train.resume and not cfg.train.checkpoint_dir:
         raise ConfigError("train.checkpoint_dir", None,
@@ -133,7 +131,7 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
     # until the ranks are gone. A run's own <run dir>/checkpoints needs no lock.
     shared = Path(cfg.train.checkpoint_dir) if cfg.train.checkpoint_dir else None
     with locked(shared) if shared is not None and int(os.environ.get("RANK", "0")) == 0 else contextlib.nullcontext():
-        metrics = _train(cfg, run_dir)
+        metrics = _train(cfg, run_dir, make_plan)
     if metrics is None:  # finished already, or a non-zero rank under torchrun
         return None
     print(render(metrics))
@@ -144,7 +142,7 @@ def run(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
     return metrics
 
 
-def _train(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
+def _train(cfg: NeocfgConfig, run_dir: Optional[Path], make_plan: PlanMaker) -> Optional[RunMetrics]:
     world = cfg.hardware.num_devices
     if under_torchrun():
         plan = None
@@ -152,7 +150,7 @@ def _train(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
             raise ConfigError("hardware", cfg.hardware.name,
                               f"has {world} devices but torchrun started {os.environ['WORLD_SIZE']} processes")
     else:
-        plan = load_or_make_plan(cfg)
+        plan = make_plan(cfg)
         if plan.world_size != world:
             raise ConfigError("planner.plan_file", cfg.planner.plan_file,
                               f"the plan is for world size {plan.world_size}, hardware {cfg.hardware.name} has "
@@ -168,6 +166,6 @@ def _train(cfg: NeocfgConfig, run_dir: Optional[Path]) -> Optional[RunMetrics]:
         run_dir.mkdir(parents=True, exist_ok=True)
         if plan is not None:
             plan.save(run_dir / "plan.json")
-    results = launch(_rank_main, (cfg, plan, run_dir), world=world, backend=cfg.hardware.backend,
-                     timeout_s=cfg.train.collective_timeout_s)
+    results = launch(_rank_main, (cfg, plan, run_dir, make_plan if plan is None else None), world=world,
+                     backend=cfg.hardware.backend, timeout_s=cfg.train.collective_timeout_s)
     return results[0]

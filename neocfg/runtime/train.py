@@ -358,11 +358,8 @@ class Trainer:
             # producing the batches (beside the step in the prefetch thread, or waited for)
             "data": TermMs(self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run))}
         if self.emb.replicated.tables:   # the data-parallel tables' backward, inside the embedding terms above
-            from neocfg.planner.estimate import replica_backward_ms
-
-            dp_compute_ms, dp_comm_ms = replica_backward_ms(self.cfg, self.plan)
-            terms |= {"dp_update": TermMs(dp_compute_ms, breakdown["dp_update"]),
-                      "dp_all_reduce": TermMs(dp_comm_ms, breakdown["comm_dp"])}
+            terms |= {"dp_update": TermMs(self.plan.estimate.dp_update_ms, breakdown["dp_update"]),
+                      "dp_all_reduce": TermMs(self.plan.estimate.dp_all_reduce_ms, breakdown["comm_dp"])}
         last = self.losses[-10:]
         metrics = RunMetrics(
             model=self.cfg.model.name, world_size=world, batch_size_per_rank=tc.batch_size,

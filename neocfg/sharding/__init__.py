@@ -1,28 +1,44 @@
-"""One home per sharding type: `SCHEMES[sharding]` gives its shard geometry, routing, output kind (and so its
-collectives) and cost terms, read by the planner and the runtime alike.
+"""One home per sharding type: `SCHEMES[sharding]` gives its placement, shard geometry, validation, routing, output
+kind (and so its collectives) and cost terms, read by the planner, the plan validator and the runtime alike.
 
-Adding a sharding type: a ShardingType member, one module here with a Scheme subclass, its entry in SCHEMES, and
-its tests (tests/test_runtime_sharding.py checks every registered scheme's geometry; the correctness tests run
-every type sharded against unsharded).
+Adding a sharding type: a ShardingType member (neocfg/types.py) and one module here defining a concrete Scheme
+subclass whose `sharding` is that member; every module of this package is imported and its schemes registered
+(tests/test_runtime_sharding.py checks every registered scheme's geometry; tests/test_contract.py plans a toy type
+added that way; the correctness tests run every type sharded against unsharded).
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 from typing import Iterable
 
-from neocfg.sharding.base import (IDS_COLLECTIVES, OUTPUT_COLLECTIVES, FBGEMM_DIM_ALIGN, OutputKind, PieceShape,
-                                  Routing, Scheme, ceil_div, column_slices, row_block, row_ranges)
-from neocfg.sharding.column_wise import ColumnWise
-from neocfg.sharding.data_parallel import DataParallel
-from neocfg.sharding.row_wise import RowWise
-from neocfg.sharding.table_column_wise import TableColumnWise
-from neocfg.sharding.table_row_wise import TableRowWise
-from neocfg.sharding.table_wise import TableWise
+from neocfg.sharding.base import (IDS_COLLECTIVES, OUTPUT_COLLECTIVES, FBGEMM_DIM_ALIGN, CostTerms, OutputKind,
+                                  PieceShape, Routing, Scheme, Spread, ceil_div, column_slices, row_block,
+                                  row_ranges)
 from neocfg.types import ShardingType
 
-SCHEMES: dict[ShardingType, Scheme] = {s.sharding: s for s in (
-    TableWise(), ColumnWise(), TableColumnWise(), RowWise(), TableRowWise(), DataParallel())}
-assert set(SCHEMES) == set(ShardingType), "every ShardingType needs a Scheme"
+
+def discover(package: str = __name__) -> dict[ShardingType, Scheme]:
+    """One instance of every concrete Scheme defined in the modules of this package, by its sharding type."""
+    found: dict[ShardingType, Scheme] = {}
+    for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        module = importlib.import_module(f"{package}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if (issubclass(cls, Scheme) and cls.__module__ == module.__name__ and not inspect.isabstract(cls)
+                    and "sharding" in cls.__dict__):
+                if cls.sharding in found:
+                    raise TypeError(f"sharding type {cls.sharding.value} has two schemes: "
+                                    f"{type(found[cls.sharding]).__name__} and {cls.__name__}")
+                found[cls.sharding] = cls()
+    missing = [s.value for s in ShardingType if s not in found]
+    if missing:
+        raise TypeError(f"sharding type(s) {', '.join(missing)} have no Scheme in neocfg/sharding/")
+    return {s: found[s] for s in ShardingType}
+
+
+SCHEMES: dict[ShardingType, Scheme] = discover()
 
 
 def embedding_collectives(shardings: Iterable[ShardingType]) -> int:
@@ -32,5 +48,6 @@ def embedding_collectives(shardings: Iterable[ShardingType]) -> int:
     return IDS_COLLECTIVES + sum(OUTPUT_COLLECTIVES[k] for k in kinds)
 
 
-__all__ = ["SCHEMES", "Scheme", "OutputKind", "Routing", "PieceShape", "IDS_COLLECTIVES", "OUTPUT_COLLECTIVES",
-           "FBGEMM_DIM_ALIGN", "embedding_collectives", "row_ranges", "row_block", "column_slices", "ceil_div"]
+__all__ = ["SCHEMES", "Scheme", "OutputKind", "Routing", "Spread", "PieceShape", "CostTerms", "IDS_COLLECTIVES",
+           "OUTPUT_COLLECTIVES", "FBGEMM_DIM_ALIGN", "embedding_collectives", "row_ranges", "row_block",
+           "column_slices", "ceil_div", "discover"]

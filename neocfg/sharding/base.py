@@ -11,15 +11,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
-from neocfg.plan import Shard
-from neocfg.planner.types import Perf
-from neocfg.types import ShardingType
+from neocfg.perf import Perf
+from neocfg.plan import Shard, TablePlan
+from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
 if TYPE_CHECKING:
     from neocfg.config.model import TableConfig
-    from neocfg.planner.costs import CostModel
 
 FP32 = 4
 # fbgemm's TBE kernels need embedding dims (and so column slices) that are multiples of 4.
@@ -34,6 +33,16 @@ class OutputKind(Enum):
     reduce_scatter = "reduce_scatter"
     replicated = "replicated"
     hierarchical = "hierarchical"
+
+
+class Spread(Enum):
+    """Which devices receive the pieces of one table (what the planner places)."""
+
+    one = "one"                      # one device (table-wise)
+    distinct = "distinct"            # k distinct devices anywhere (column-wise)
+    node_distinct = "node_distinct"  # k distinct devices of one node (table-column-wise)
+    node = "node"                    # every device of one node (table-row-wise)
+    world = "world"                  # every device (row-wise, data-parallel)
 
 
 class Routing(Enum):
@@ -53,6 +62,37 @@ OUTPUT_COLLECTIVES = {
     OutputKind.hierarchical: 4,          # node reduce-scatter + cross-node all-to-all, and back
     OutputKind.replicated: 1,            # one all-reduce of every replicated table's gradient (one flat buffer)
 }
+
+
+class Topo(Protocol):
+    """The cluster's shape as the cost terms read it (neocfg.planner.types.Topology)."""
+
+    nodes: int
+    devices_per_node: int
+
+    @property
+    def world(self) -> int: ...
+
+
+class CostTerms(Protocol):
+    """What a sharding type's cost terms read of the planner's cost model (neocfg.planner.costs.CostModel): the
+    batch, the topology and the per-byte prices of the collectives."""
+
+    topo: Topo
+    batch_size: int
+    a2a_fwd_bytes: int
+    a2a_bwd_bytes: int
+    exchange_copy_ms_per_byte: float
+
+    @property
+    def global_batch(self) -> int: ...
+
+    @property
+    def id_bytes(self) -> int: ...
+
+    def a2a_ms_per_byte(self) -> float: ...
+
+    def reduce_scatter_ms_per_byte(self, within_node: bool = False) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -95,11 +135,64 @@ def column_slices(dim: int, parts: int, align: int = FBGEMM_DIM_ALIGN) -> list[t
 
 
 class Scheme(ABC):
-    """One sharding type. Subclasses set the class attributes and implement the abstract methods."""
+    """One sharding type. Subclasses set the class attributes and implement the abstract methods; the planner
+    (options, placement, report), the plan validator (neocfg.plan_check), the runtime (layout, routing, exchange)
+    and the TorchRec export read nothing per type but these."""
 
     sharding: ShardingType
     routing: Routing
     kind: OutputKind              # the output kind of the planner's placements of this type
+    spread: Spread                # which devices receive its pieces
+    abbrev: str                   # its short name in the plan summary
+    # what its pieces may be stored as (None: whatever the planner allows)
+    weights_dtypes: Optional[tuple[WeightsDtype, ...]] = None
+    memory_tiers: Optional[tuple[MemoryTier, ...]] = None
+    tiles = True                  # its shards cover the table exactly once (False: full replicas)
+    piece_noun = "shard"          # what the validator's messages call a piece
+
+    # ---- placement -----------------------------------------------------------------------------------
+    @property
+    def sliced(self) -> bool:
+        """k column slices on k devices (the planner tries several k)."""
+        return self.spread in (Spread.distinct, Spread.node_distinct)
+
+    @property
+    def one_node(self) -> bool:
+        """All pieces on the ranks of one node."""
+        return self.spread in (Spread.node, Spread.node_distinct)
+
+    def num_pieces(self, world: int, devices_per_node: int, slices: int = 1) -> int:
+        """Devices a placement touches."""
+        return {Spread.one: 1, Spread.distinct: slices, Spread.node_distinct: slices, Spread.node: devices_per_node,
+                Spread.world: world}[self.spread]
+
+    def max_slices(self, world: int, devices_per_node: int) -> int:
+        """The most column slices a placement may have (sliced types)."""
+        return devices_per_node if self.one_node else world
+
+    def placeable(self, rows: int, ranks: Optional[Sequence[int]], world: int, devices_per_node: int) -> bool:
+        """Whether a table of `rows` rows can take this type, on `ranks` when the table fixes them."""
+        if self.spread in (Spread.world, Spread.node):
+            return ranks is None
+        if ranks is None:
+            return True
+        if self.spread is Spread.one:
+            return len(ranks) == 1
+        if len(set(ranks)) != len(ranks):
+            return False
+        return not self.one_node or len({r // devices_per_node for r in ranks}) == 1
+
+    def default_ranks(self, table_index: int, world: int, devices_per_node: int) -> list[int]:
+        """Where a plan built by rule puts table i (neocfg.runtime.plans): one device round-robin, 2 slices on
+        consecutive devices, the ranks of node (i mod nodes), or every device."""
+        if self.spread is Spread.one:
+            return [table_index % world]
+        if self.spread is Spread.distinct:
+            return [(table_index + j) % world for j in range(min(2, world))]
+        if self.one_node:
+            node = table_index % (world // devices_per_node)
+            return list(range(node * devices_per_node, (node + 1) * devices_per_node))
+        return list(range(world))
 
     # ---- geometry -------------------------------------------------------------------------------------
     @abstractmethod
@@ -112,6 +205,38 @@ class Scheme(ABC):
         if sorted(self._key(s) for s in shards) != sorted(self._key(s) for s in self.shards(rows, dim, ranks)):
             want = [(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in self.shards(rows, dim, ranks)]
             return f"expected (row_offset, num_rows, col_offset, num_cols) {want}"
+        return None
+
+    def fault(self, t: TablePlan, world: int, devices_per_node: int) -> str | None:
+        """The one validator of a planned table (neocfg.plan_check and the runtime's layout both call it): its
+        storage, where its pieces sit and their geometry; None when the runtime can run it. Shards are already
+        known to lie inside the world and the table."""
+        name = t.sharding.value
+        if self.weights_dtypes is not None and t.weights_dtype not in self.weights_dtypes:
+            return (f"weights_dtype={t.weights_dtype.value} is not allowed for {name}; allowed: "
+                    f"{', '.join(d.value for d in self.weights_dtypes)}")
+        if self.memory_tiers is not None and t.memory not in self.memory_tiers:
+            return (f"memory={t.memory.value} is not allowed for {name}; allowed: "
+                    f"{', '.join(m.value for m in self.memory_tiers)}")
+        ranks = sorted(s.rank for s in t.shards)
+        if self.spread is Spread.one and len(t.shards) != 1:
+            return f"{name} needs exactly one shard, got {len(t.shards)}"
+        if self.one_node and len({r // devices_per_node for r in ranks}) != 1:
+            return f"{name} needs all shards on the ranks of one node ({devices_per_node} per node)"
+        if not self.tiles and any((s.row_offset, s.num_rows, s.col_offset, s.num_cols)
+                                  != (0, t.num_embeddings, 0, t.embedding_dim) for s in t.shards):
+            return f"{name} needs every {self.piece_noun} to be the whole table"
+        piece = self.piece_noun
+        if self.spread is Spread.world and ranks != list(range(world)):
+            return f"{name} needs one {piece} on each of ranks 0..{world - 1}, got ranks {ranks}"
+        if self.spread is Spread.node and len(ranks) != devices_per_node:
+            return f"{name} needs one {piece} on each of the {devices_per_node} ranks of its node, got ranks {ranks}"
+        if len(set(ranks)) != len(ranks):
+            return f"{name} needs its shards on distinct ranks, got ranks {ranks}"
+        wrong = self.check(t.num_embeddings, t.embedding_dim, t.shards)
+        if wrong:
+            got = [(s.row_offset, s.num_rows, s.col_offset, s.num_cols) for s in self.ordered(t.shards)]
+            return f"shards {got} are not {name}'s geometry: {wrong}"
         return None
 
     @staticmethod
@@ -129,11 +254,11 @@ class Scheme(ABC):
 
     # ---- cost model (per touched device; see neocfg.planner.costs for the notation) ---------------------
     @abstractmethod
-    def piece_shape(self, cost: "CostModel", table: "TableConfig", num_pieces: int) -> PieceShape:
+    def piece_shape(self, cost: CostTerms, table: "TableConfig", num_pieces: int) -> PieceShape:
         """What one device holds and serves."""
 
     @abstractmethod
-    def comm(self, cost: "CostModel", shape: PieceShape) -> Perf:
+    def comm(self, cost: CostTerms, shape: PieceShape) -> Perf:
         """The piece's communication time (ids in, outputs out, gradients back)."""
 
     def gradient_bytes(self, shape: PieceShape) -> int:
@@ -142,6 +267,6 @@ class Scheme(ABC):
 
     # ---- shared terms --------------------------------------------------------------------------------
     @staticmethod
-    def ids_ms(cost: "CostModel", shape: PieceShape) -> float:
+    def ids_ms(cost: CostTerms, shape: PieceShape) -> float:
         """The piece's ids arriving by the id all-to-all."""
-        return shape.lookup_rows * cost.consts.id_bytes * (cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte)
+        return shape.lookup_rows * cost.id_bytes * (cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from neocfg.plan import Shard
-from neocfg.planner.types import Perf
-from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, column_slices
+from neocfg.perf import Perf
+from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread, column_slices
 from neocfg.sharding.table_wise import all_to_all_comm
 from neocfg.types import ShardingType
 
@@ -16,6 +16,8 @@ class ColumnWise(Scheme):
     sharding = ShardingType.column_wise
     routing = Routing.whole_table
     kind = OutputKind.all_to_all
+    spread = Spread.distinct
+    abbrev = "CW"
 
     def shards(self, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
         return tuple(Shard(r, 0, rows, c0, n) for r, (c0, n) in zip(ranks, column_slices(dim, len(ranks))) if n > 0)

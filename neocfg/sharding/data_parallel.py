@@ -7,15 +7,24 @@ from __future__ import annotations
 from typing import Sequence
 
 from neocfg.plan import Shard
-from neocfg.planner.types import Perf
-from neocfg.sharding.base import FP32, OutputKind, PieceShape, Routing, Scheme
-from neocfg.types import ShardingType
+from neocfg.perf import Perf
+from neocfg.sharding.base import FP32, OutputKind, PieceShape, Routing, Scheme, Spread
+from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
 
 class DataParallel(Scheme):
     sharding = ShardingType.data_parallel
     routing = Routing.local
     kind = OutputKind.replicated
+    spread = Spread.world
+    abbrev = "DP"
+    # Replicas are stored in fp32 whatever the plan says (fbgemm's dense TBE on fp16 weights returns an fp16 weight
+    # gradient; fp16 replicas failed the fp16_weights sharded == unsharded case, 30% of a table's movement off), so
+    # fp16 options would be sized at half the bytes the runtime holds; and they live in the rank's own memory.
+    weights_dtypes = (WeightsDtype.fp32,)
+    memory_tiers = (MemoryTier.hbm,)
+    tiles = False
+    piece_noun = "replica"
 
     def shards(self, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
         return tuple(Shard(r, 0, rows, 0, dim) for r in sorted(ranks))

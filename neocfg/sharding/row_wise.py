@@ -4,11 +4,11 @@ gradients all-gathered backward."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from neocfg.plan import Shard
-from neocfg.planner.types import Perf
-from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, ceil_div, row_ranges
+from neocfg.perf import Perf
+from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread, ceil_div, row_ranges
 from neocfg.types import ShardingType
 
 
@@ -19,6 +19,11 @@ class RowSplit(Scheme):
 
     def shards(self, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
         return tuple(Shard(r, r0, n, 0, dim) for r, (r0, n) in zip(ranks, row_ranges(rows, len(ranks))))
+
+    def placeable(self, rows: int, ranks: Optional[Sequence[int]], world: int, devices_per_node: int) -> bool:
+        """No fixed ranks, and at least two pieces with a non-empty row range each (the ceil split)."""
+        parts = self.num_pieces(world, devices_per_node)
+        return ranks is None and parts >= 2 and rows > (parts - 1) * ceil_div(rows, parts)
 
     def output_kind(self, shard_ranks: Sequence[int], world: int, devices_per_node: int) -> OutputKind:
         """Over the whole world: one reduce-scatter; over all ranks of one node of several: the two-level
@@ -35,6 +40,8 @@ class RowSplit(Scheme):
 class RowWise(RowSplit):
     sharding = ShardingType.row_wise
     kind = OutputKind.reduce_scatter
+    spread = Spread.world
+    abbrev = "RW"
 
     def piece_shape(self, cost, table, num_pieces: int) -> PieceShape:
         return PieceShape(rows=ceil_div(table.num_embeddings, cost.topo.world), cols=table.embedding_dim,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from neocfg.sharding.base import Spread
 from neocfg.sharding.column_wise import ColumnWise
 from neocfg.types import ShardingType
 
 
 class TableColumnWise(ColumnWise):
     sharding = ShardingType.table_column_wise
+    spread = Spread.node_distinct
+    abbrev = "TWCW"

@@ -3,8 +3,8 @@ sent across nodes by an all-to-all among the ranks with the same local index (th
 
 from __future__ import annotations
 
-from neocfg.planner.types import Perf
-from neocfg.sharding.base import OutputKind, PieceShape, ceil_div
+from neocfg.perf import Perf
+from neocfg.sharding.base import OutputKind, PieceShape, Spread, ceil_div
 from neocfg.sharding.row_wise import RowSplit
 from neocfg.types import ShardingType
 
@@ -12,6 +12,8 @@ from neocfg.types import ShardingType
 class TableRowWise(RowSplit):
     sharding = ShardingType.table_row_wise
     kind = OutputKind.hierarchical
+    spread = Spread.node
+    abbrev = "TWRW"
 
     def piece_shape(self, cost, table, num_pieces: int) -> PieceShape:
         p = cost.topo.devices_per_node

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from neocfg.plan import Shard
-from neocfg.planner.types import Perf
-from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme
+from neocfg.perf import Perf
+from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread
 from neocfg.types import ShardingType
 
 
@@ -14,6 +14,8 @@ class TableWise(Scheme):
     sharding = ShardingType.table_wise
     routing = Routing.whole_table
     kind = OutputKind.all_to_all
+    spread = Spread.one
+    abbrev = "TW"
 
     def shards(self, rows: int, dim: int, ranks: Sequence[int]) -> tuple[Shard, ...]:
         return (Shard(ranks[0], 0, rows, 0, dim),)
