@@ -1,0 +1,183 @@
+"""The estimate term by term: each term of the plan's step time next to the measurement it models.
+
+Three kinds of model, each planned table-wise only and row-wise only, then trained on cpu_local's 2 gloo ranks by
+the real CLI (`python -m neocfg mode=train ...`, one process tree per run, `--runs` runs each); the terms come from
+the run's metrics.json (neocfg.run_metrics.RunMetrics.predicted_vs_measured_ms):
+
+  small    8 tables of dim 16, 1k-200k rows, pooling 1-4, uniform ids (zipf_alpha 0)
+  criteo   criteo_kaggle, tables capped at 1M rows
+  prod856  prod_856's 856 tables and pooling factors (~12,600 ids per sample), dim 16, capped at 20k rows (as
+           bench/bench_856.py), a few steps
+
+A term passes when it is below `--floor` (5 %) of the measured step or its prediction is within `--tolerance`
+(25 %) of the measurement. Prints one table per run and, with --record, writes bench/RESULTS.md's
+"Estimate term by term" section.
+
+    .venv/bin/python bench/estimate_terms.py [--kinds small,criteo,prod856] [--shardings table_wise,row_wise]
+        [--runs 2] [--record] [--set hardware.collective_latency_us=1000 ...] [--out terms.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, compose_cfg, emit, record_results  # noqa: E402
+
+from neocfg.run_metrics import METRICS_FILE, RunMetrics  # noqa: E402
+
+SECTION = "Estimate term by term"
+# The small model's tables: (rows, pooling); dim 16, uniform ids.
+SMALL_TABLES = [(1_000, 1), (5_000, 2), (20_000, 1), (50_000, 3), (100_000, 1), (200_000, 4), (2_000, 2),
+                (10_000, 1)]
+CRITEO_ROWS_CAP = 1_000_000
+PROD_ROWS_CAP = 20_000
+DIM = 16
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    model: dict            # the model preset written for the run
+    steps: int
+    extra: tuple[str, ...] = ()
+
+
+def _small() -> dict:
+    return {"name": "terms_small", "num_dense_features": 13, "bottom_mlp": [64, 32, DIM], "top_mlp": [64, 32, 1],
+            "interaction": "dot",
+            "tables": [{"name": f"t{i}", "num_embeddings": rows, "embedding_dim": DIM, "pooling_factor": pool,
+                        "zipf_alpha": 0.0} for i, (rows, pool) in enumerate(SMALL_TABLES)]}
+
+
+def _from_preset(preset: str, name: str, cap: int, dim: int | None = None, **changes) -> dict:
+    model = yaml.safe_load((REPO / "conf" / "model" / f"{preset}.yaml").read_text())
+    model["name"] = name
+    for t in model["tables"]:
+        t["num_embeddings"] = min(t["num_embeddings"], cap)
+        if dim is not None:
+            t["embedding_dim"] = dim
+    model.update(changes)
+    return model
+
+
+def kinds() -> dict[str, Kind]:
+    return {
+        "small": Kind("small", _small(), steps=300),
+        "criteo": Kind("criteo", _from_preset("criteo_kaggle", "terms_criteo", CRITEO_ROWS_CAP), steps=200),
+        # as bench/bench_856.py: one low-rank DCN layer of rank 16, small MLPs, trainable
+        "prod856": Kind("prod856", _from_preset("prod_856", "terms_prod856", PROD_ROWS_CAP, DIM, interaction="dcn",
+                                                dcn_low_rank_dim=16, dcn_num_layers=1, bottom_mlp=[64, DIM],
+                                                top_mlp=[64, 1], planning_only=False), steps=12,
+                        extra=("planner.time_limit_s=20",)),
+    }
+
+
+def train(kind: Kind, sharding: str, conf_dir: Path, out_dir: Path, extra: list[str]) -> RunMetrics:
+    """One whole run by the CLI, in its own processes."""
+    args = [sys.executable, "-m", "neocfg", "--config-dir", str(conf_dir), "mode=train", f"model={kind.model['name']}",
+            "hardware=cpu_local", f"planner.sharding_types=[{sharding}]", f"train.steps={kind.steps}",
+            "train.eval_batches=0", f"train.log_every={kind.steps}", "train.divergence_factor=0",
+            f"hydra.run.dir={out_dir}", *kind.extra, *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{kind.name} {sharding}: neocfg failed ({r.returncode}): {r.stderr.strip()[-600:]}")
+    return RunMetrics.load(out_dir / METRICS_FILE)
+
+
+def verdict(predicted: float, measured: float, step: float, floor: float, tolerance: float) -> str:
+    if measured < floor * step and predicted < floor * step:
+        return "small"
+    if measured <= 0:
+        return "MISS"
+    return "ok" if abs(predicted - measured) <= tolerance * measured else "MISS"
+
+
+def rows_of(m: RunMetrics, floor: float, tolerance: float) -> list[dict]:
+    step = m.measured_step_ms
+    out = [{"term": name, "predicted_ms": t.predicted, "measured_ms": t.measured,
+            "ratio": t.predicted / t.measured if t.measured > 0 else None, "share": t.measured / step,
+            "verdict": verdict(t.predicted, t.measured, step, floor, tolerance)}
+           for name, t in m.predicted_vs_measured_ms.items()]
+    terms = [n for n in m.predicted_vs_measured_ms if not n.startswith("dp_")]   # dp_*: parts of the others
+    out.append({"term": "sum of terms", "predicted_ms": sum(m.predicted_vs_measured_ms[n].predicted for n in terms),
+                "measured_ms": sum(m.predicted_vs_measured_ms[n].measured for n in terms), "ratio": None,
+                "share": None, "verdict": ""})
+    out.append({"term": "step", "predicted_ms": m.predicted_step_ms, "measured_ms": step,
+                "ratio": m.predicted_step_ms / step, "share": 1.0,
+                "verdict": verdict(m.predicted_step_ms, step, step, floor, tolerance)})
+    return out
+
+
+def laps(m: RunMetrics) -> str:
+    b = m.breakdown_ms
+    return ", ".join(f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense",
+                                                  "comm_bwd", "emb_bwd", "dp_update", "comm_dp", "total") if k in b)
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
+             "ratio, the measured share of the step, and the verdict (ok: within the tolerance; small: under the "
+             "floor in both):", ""]
+    for r in results:
+        lines += [f"**{r['kind']}, {r['sharding']}, run {r['run']}** ({r['steps']} steps; laps: {r['laps']})", "",
+                  "| term | predicted | measured | ratio | share | verdict |", "|---|---|---|---|---|---|"]
+        for row in r["terms"]:
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}"
+            share = "" if row["share"] is None else f"{100 * row['share']:.0f} %"
+            lines.append(f"| {row['term']} | {row['predicted_ms']:.2f} | {row['measured_ms']:.2f} | {ratio} | {share}"
+                         f" | {row['verdict']} |")
+        lines.append("")
+    misses = [f"{r['kind']}/{r['sharding']}/run {r['run']}: {row['term']}" for r in results for row in r["terms"]
+              if row["verdict"] == "MISS"]
+    lines.append(f"Terms outside the tolerance: {len(misses)}" + (f" ({'; '.join(misses)})" if misses else "") + ".")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kinds", default="small,criteo,prod856")
+    ap.add_argument("--shardings", default="table_wise,row_wise")
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--floor", type=float, default=0.05)
+    ap.add_argument("--tolerance", type=float, default=0.25)
+    ap.add_argument("--set", nargs="*", default=[], help="extra config overrides")
+    ap.add_argument("--record", action="store_true", help="write bench/RESULTS.md's section")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    chosen = [kinds()[k] for k in a.kinds.split(",")]
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "conf"
+        (conf / "model").mkdir(parents=True)
+        for kind in chosen:
+            (conf / "model" / f"{kind.model['name']}.yaml").write_text(yaml.safe_dump(kind.model, sort_keys=False))
+        compose_cfg(["model=dlrm_tiny"])   # the schema registered in this process too (fails early on a typo)
+        for run in range(1, a.runs + 1):
+            for kind in chosen:
+                for sharding in a.shardings.split(","):
+                    m = train(kind, sharding, conf, Path(tmp) / f"{kind.name}_{sharding}_{run}", a.set)
+                    rows = rows_of(m, a.floor, a.tolerance)
+                    results.append({"kind": kind.name, "sharding": sharding, "run": run, "steps": kind.steps,
+                                    "laps": laps(m), "terms": rows})
+                    print(f"{kind.name} {sharding} run {run}: " + "; ".join(
+                        f"{row['term']} {row['predicted_ms']:.2f}/{row['measured_ms']:.2f}"
+                        + (f" ({row['ratio']:.2f}) {row['verdict']}" if row["ratio"] is not None else "")
+                        for row in rows) + f"\n  laps: {laps(m)}", file=sys.stderr, flush=True)
+    emit({"bench": "estimate_terms", "overrides": a.set, "floor": a.floor, "tolerance": a.tolerance,
+          "results": results}, a.out)
+    if a.record:
+        record_results(SECTION, markdown(results))
+
+
+if __name__ == "__main__":
+    main()
