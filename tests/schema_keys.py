@@ -61,6 +61,8 @@ def _type_name(hint: object) -> str:
         return _type_name(args[0]) if len(args) == 1 else " | ".join(_type_name(a) for a in args)
     if typing.get_origin(hint) in (list, typing.List):
         return f"list[{_type_name(args[0])}]"
+    if typing.get_origin(hint) in (dict, typing.Dict):
+        return f"dict[{_type_name(args[0])}, {_type_name(args[1])}]"
     if hint is typing.Any:
         return "any"
     return getattr(hint, "__name__", str(hint))
