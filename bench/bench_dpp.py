@@ -167,7 +167,7 @@ def stall_run(cfg: NeocfgConfig, splits, workers: int, demand: float, seconds: f
 
 def local_vs_ray(cfg: NeocfgConfig, splits, args: argparse.Namespace, demand: float) -> dict:
     """The same 2 workers as local processes and as Ray actors: drain rate and stall under the same trainer."""
-    from neocfg.data.dpp.ray_backend import start_local_ray
+    from neocfg.data.dpp.ray_backend import leave_ray, start_local_ray
 
     start_local_ray(object_store_mb=256, namespace="neocfg-bench")
     try:
@@ -182,9 +182,7 @@ def local_vs_ray(cfg: NeocfgConfig, splits, args: argparse.Namespace, demand: fl
         out["ray_over_local"] = out["ray"]["samples_per_s"] / out["local"]["samples_per_s"]
         return out
     finally:
-        import ray
-
-        ray.shutdown()
+        leave_ray()
 
 
 def autoscale_run(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worker: float) -> dict:

@@ -16,18 +16,18 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from neocfg.data.dpp.client import EndOfData  # noqa: E402
-from neocfg.data.dpp.ray_backend import RayDppService, RayOptions, WorkerResources, start_local_ray  # noqa: E402
+from neocfg.data.dpp.ray_backend import (RayDppService, RayOptions, WorkerResources, leave_ray,  # noqa: E402
+                                         start_local_ray)
 from neocfg.data.dpp.service import DppService  # noqa: E402
 from neocfg.types import Mode  # noqa: E402
-from data_helpers import labeled_ids, make_dataset, setup_for  # noqa: E402
+from data_helpers import drain, labeled_ids, make_dataset, setup_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def local_ray():
     start_local_ray(object_store_mb=256, num_cpus=2, namespace="neocfg-test")
     yield
-    ray.shutdown()
+    leave_ray()
 
 
 def _job(setup, name: str) -> list[DppService]:
@@ -66,13 +66,7 @@ def test_exactly_once_job_wide_under_a_killed_worker_actor_and_a_restarted_train
     resumed = _job(replace(setup, start=positions[0]), "job-b")
     got += _take(resumed, 2)
     ray.kill(resumed[0].backend.worker_handles(busy_only=True)[0], no_restart=True)  # again, with no restart after
-    live = list(resumed)
-    while live:
-        for s in list(live):
-            try:
-                got.append(s.clients[0].next_arrays().sample_ids)
-            except EndOfData:
-                live.remove(s)
+    got += drain([s.clients[0] for s in resumed])
     per_client = [s.clients[0].delivered for s in resumed]
     assert resumed[0].stats().worker_restarts == 1
     _close(resumed)
@@ -102,3 +96,51 @@ def test_train_with_the_ray_backend(cli, tmp_path):
     assert r.stdout.count("warning: DPP worker shape cpu_host_64c asks 64 CPUs") == 1, r.stdout
     assert "Traceback" not in r.stderr
     print(f"ray train run: {time.monotonic() - t0:.0f} s")
+
+
+def test_ranks_fetch_without_waiting_for_each_other_and_checkpoint_a_look_ahead_mark(local_ray, dataset_ray):
+    """Rank 0 takes (and marks) many batches while rank 1 takes none: no per-batch barrier. At the checkpoint each
+    rank hands in the mark taken before its look-ahead batches (a pipelined trainer's), and the resumed job delivers
+    the look-ahead batches again and every other sample exactly once."""
+    from neocfg.data.dpp.sizing import WorkerCount, WorkerCountSource
+    from neocfg.data.dpp_source import DppSource, STATE_KEY
+    from neocfg.data.dpp.progress import Position
+    from neocfg.types import DppBackendKind
+
+    cfg = dataset_ray
+    setup = setup_for(cfg, workers=2, num_clients=2)
+    opts = RayOptions(namespace="neocfg-test", master_name="job-marks", owner=True,
+                      resources=WorkerResources(cpus=0.5, memory_bytes=2**28))
+    count = WorkerCount(2, 2, WorkerCountSource.fixed)
+    srcs = [DppSource(setup, DppBackendKind.ray, count, client=c,
+                      ray_options={"ray": replace(opts, owner=c == 0, client=c)}) for c in (0, 1)]
+    trained: list[np.ndarray] = []
+    marks = []
+    try:
+        t0 = time.monotonic()
+        trained += [srcs[0].next_batch().sample_ids.numpy() for _ in range(14)]
+        assert time.monotonic() - t0 < 60
+        trained += [srcs[1].next_batch().sample_ids.numpy() for _ in range(14)]  # the same step: a checkpoint
+        for s in srcs:
+            marks.append(s.mark())
+            for _ in range(2):  # fetched ahead, never trained: a resume delivers them again
+                s.next_batch()
+        with ThreadPoolExecutor(2) as pool:
+            states = list(pool.map(lambda sm: sm[0].state_at(sm[1]), zip(srcs, marks)))
+    finally:
+        for s in reversed(srcs):
+            s.close()
+    assert states[0] == states[1]
+    pos = Position.from_state(states[0][STATE_KEY])
+    resumed = _job(replace(setup, start=pos), "job-marks-b")
+    got = drain([s.clients[0] for s in resumed])
+    _close(resumed)
+    ids = np.concatenate(trained + got)
+    values, counts = np.unique(ids, return_counts=True)
+    assert counts.max() == 1, f"{int((counts > 1).sum())} samples delivered twice"
+    assert set(values.tolist()) == labeled_ids(Path(cfg.dsi.path)), "a sample was lost"
+
+
+@pytest.fixture
+def dataset_ray(tmp_path):
+    return make_dataset(tmp_path / "ds")

@@ -24,7 +24,7 @@ from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import FeatureColumns, dataset_splits, open_dataset, rank_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
-from neocfg.data.dpp.progress import Position
+from neocfg.data.dpp.progress import ClientMark, Position
 from neocfg.data.dpp.service import DppService, make_backend
 from neocfg.data.dpp.sizing import PlannedDpp, WorkerCount, WorkerCountSource, worker_count
 from neocfg.data.dpp.worker import WorkerSpec
@@ -67,8 +67,16 @@ class DppSource:
                      values=torch.from_numpy(a.values), labels=torch.from_numpy(a.labels),
                      sample_ids=torch.from_numpy(a.sample_ids))
 
-    def position(self) -> Position:
-        return self.service.position() if self.service is not None else self.setup.start
+    def position(self, mark: Optional[ClientMark] = None) -> Position:
+        """The position after the batches handed out up to `mark` (default: now); a job-wide service waits for
+        every rank's client here (the trainers call it at the same checkpoint step)."""
+        if self.service is None:
+            return self.setup.start
+        return self.service.position({self.client_index: mark} if mark is not None else None)
+
+    def mark(self) -> Optional[ClientMark]:
+        """This rank's client's record before the next batch: local, no message to the service."""
+        return self.service.clients[0].mark() if self.service is not None else None
 
     @property
     def scope(self) -> str:
@@ -76,6 +84,12 @@ class DppSource:
 
     def state_dict(self) -> dict[str, Any]:
         return {STATE_KEY: self.position().to_state(), SCOPE_KEY: self.scope}
+
+    def state_at(self, mark: Optional[ClientMark]) -> dict[str, Any]:
+        """The checkpoint state after the batches up to `mark` (None: taken before the service started, so the
+        position it started from)."""
+        pos = self.position(mark) if mark is not None else self.setup.start
+        return {STATE_KEY: pos.to_state(), SCOPE_KEY: self.scope}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if STATE_KEY not in state:
@@ -96,7 +110,7 @@ class DppSource:
         out: dict[str, Any] = {"data_wait_seconds": 0.0, "data_first_batch_seconds": 0.0,
                                "data_stall_fraction": 0.0, "samples_delivered": 0, "duplicate_samples": 0,
                                "skipped_splits": 0, "dpp.workers": 0, "dpp.worker_restarts": 0, "dpp.bytes_read": 0,
-                               "dpp.workers_added": 0, "dpp.workers_retired": 0,
+                               "dpp.workers_added": 0, "dpp.workers_retired": 0, "dpp.splits_reread": 0,
                                "dpp.workers_source": self.workers.source.value, "dpp.backend": self.kind.value}
         if self.service is None:
             return out
@@ -110,7 +124,8 @@ class DppSource:
         out.update({"duplicate_samples": c.tracker.duplicates + s.duplicate_rows,
                     "skipped_splits": s.splits_skipped, "dpp.workers": s.workers,
                     "dpp.worker_restarts": s.worker_restarts, "dpp.workers_added": s.workers_added,
-                    "dpp.workers_retired": s.workers_retired, "dpp.bytes_read": s.bytes_read})
+                    "dpp.workers_retired": s.workers_retired, "dpp.bytes_read": s.bytes_read,
+                    "dpp.splits_reread": s.splits_reread})
         return out
 
     def close(self) -> None:

@@ -102,8 +102,8 @@ class Trainer:
                                      id_group=id_group, ahead_group=ahead_group)
         # The pipelined step's look-ahead (_pipelined_batch): this step's batch with its ids in flight, and the
         # next batch routed, each with the data position before it.
-        self.inflight: Optional[tuple[Batch, PendingIds, dict[str, Any]]] = None
-        self.queued: list[tuple[Batch, Routed, dict[str, Any]]] = []
+        self.inflight: Optional[tuple[Batch, PendingIds, Any]] = None
+        self.queued: list[tuple[Batch, Routed, Any]] = []
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
         n_dense = sum(p.numel() for p in self.dense.parameters())
@@ -141,7 +141,7 @@ class Trainer:
     def state(self) -> dict[str, Any]:
         # the data position of the last batch trained (not of a look-ahead batch, which a resume reads again)
         ahead = [self.inflight] if self.inflight is not None else self.queued
-        data = ahead[0][2] if ahead else self.source.state_dict()
+        data = self._data_state(ahead[0][2]) if ahead else self.source.state_dict()
         return {"step": self.step, "embeddings": self.emb.shard_state(), "dense": self.dense.state_dict(),
                 "dense_optimizer": self.opt.state_dict(), "rng": rng_state(), "data": data,
                 "losses": list(self.losses)}
@@ -165,10 +165,22 @@ class Trainer:
 
     # ------------------------------------------------------------ steps
 
-    def _fetch(self, route: bool) -> tuple[Batch, Optional[Routed], dict[str, Any]]:
-        """The next batch from the source (and its ids routed), with the data position before it."""
+    def _data_mark(self) -> Any:
+        """The data position before the next batch: a source's cheap local mark where it has one (a DPP client's
+        record, made a checkpoint state only at checkpoint steps: no message to a job-wide master per batch),
+        else its state_dict."""
+        mark = getattr(self.source, "mark", None)
+        return mark() if mark is not None else self.source.state_dict()
+
+    def _data_state(self, mark: Any) -> dict[str, Any]:
+        """A mark (_data_mark) as the source's checkpoint state (collective for a job-wide DPP service)."""
+        state_at = getattr(self.source, "state_at", None)
+        return state_at(mark) if state_at is not None else mark
+
+    def _fetch(self, route: bool) -> tuple[Batch, Optional[Routed], Any]:
+        """The next batch from the source (and its ids routed), with the data position (a mark) before it."""
         with self.sw("data_wait"):
-            state = self.source.state_dict()
+            state = self._data_mark()
             batch = to_device(self.source.next_batch(), self.device)
         if not route:
             return batch, None, state

@@ -2,7 +2,8 @@
 
 A backend is a transport around a Master (neocfg/data/dpp/master.py: the policy): it runs the master somewhere,
 starts workers, carries tasks to them and finished splits back. Clients call `pull(client, ...)` for the next
-finished split and report the splits they delivered whole. Backends: `inline` (here: the split is processed in the
+finished split and report the splits they delivered whole; nothing else crosses to the master per batch. At a
+checkpoint, `position` puts the clients' records (progress.Consumed) together. Backends: `inline` (here: the split is processed in the
 caller, no parallelism: eval sources and tests), `local` (worker processes, neocfg/data/dpp/local.py), `ray`
 (a named master actor per job, worker actors, neocfg/data/dpp/ray_backend.py); make_backend is in service.py.
 """
@@ -13,12 +14,9 @@ import time
 from typing import Optional, Protocol
 
 from neocfg.data.dpp.master import DppStats, Master, ServiceSetup
-from neocfg.data.dpp.progress import Finished, Position, RowRange
+from neocfg.data.dpp.progress import Consumed, Finished, Position
 from neocfg.data.dpp.worker import SplitReader, SplitResult
 from neocfg.errors import DataError
-
-# What a client tells the master at a checkpoint: splits it finished since its last report, ranges it still owes.
-ClientReport = tuple[list[Finished], list[RowRange]]
 
 
 class DppBackend(Protocol):
@@ -34,8 +32,8 @@ class DppBackend(Protocol):
         """A client waited this long for data (drives online scaling)."""
         ...
 
-    def position(self, step: int, reports: dict[int, ClientReport]) -> Position:
-        """The job's position after `step` batches per client, from these clients' reports (a backend shared by
+    def position(self, step: int, records: dict[int, Consumed]) -> Position:
+        """The job's position after `step` batches per client, from these clients' records (a backend shared by
         clients in several processes waits until every client reported the same step)."""
         ...
 
@@ -44,10 +42,13 @@ class DppBackend(Protocol):
     def close(self) -> None: ...
 
 
-def result_of(meta_payload) -> SplitResult:
-    """A buffered (meta, payload) as the SplitResult a client takes: a skipped split has no payload."""
+def result_of(meta_payload, master: Master) -> SplitResult:
+    """A buffered (meta, payload) as the SplitResult a client takes (a skipped split has no payload), with the
+    master's complete epochs."""
     meta, payload = meta_payload
-    return payload if payload is not None else SplitResult.skipped_split(meta)
+    result = payload if payload is not None else SplitResult.skipped_split(meta)
+    result.complete_below = master.complete_below()
+    return result
 
 
 class InlineDppService:
@@ -67,7 +68,7 @@ class InlineDppService:
         while True:
             got = m.take()
             if got is not None:
-                return result_of(got)
+                return result_of(got, m)
             task = m.lease(0, time.monotonic())
             if task is None:
                 return None
@@ -81,8 +82,8 @@ class InlineDppService:
     def report_wait(self, client: int, seconds: float) -> None:
         self.master.report_wait(client, seconds)
 
-    def position(self, step: int, reports: dict[int, ClientReport]) -> Position:
-        return local_position(self.master, reports)
+    def position(self, step: int, records: dict[int, Consumed]) -> Position:
+        return merge_records(self.setup, records)
 
     def stats(self) -> DppStats:
         return self.master.counters
@@ -91,11 +92,6 @@ class InlineDppService:
         self.reader.close()
 
 
-def local_position(master: Master, reports: dict[int, ClientReport]) -> Position:
-    """All clients of an in-process master report at once."""
-    pending: list[RowRange] = []
-    for client in sorted(reports):
-        finished, owed = reports[client]
-        master.finish(finished)
-        pending += owed
-    return master.position(pending)
+def merge_records(setup: ServiceSetup, records: dict[int, Consumed]) -> Position:
+    """The clients' records, in client order, as one Position (no master involved)."""
+    return Position.merge([records[c] for c in sorted(records)], len(setup.splits))

@@ -5,7 +5,9 @@ once the pool holds a batch's worth (so a batch may mix splits and epochs, each 
 row range handed out is recorded, so the client can report a Position that a restarted service resumes from.
 
 The client tracks progress per split it holds (neocfg/data/dpp/progress.py Tracker) and reports each split it
-delivered whole to the master with its next pull; a checkpoint adds the row ranges it still owes. The stall clock
+delivered whole to the master with its next pull. It keeps its own record of what it consumed (the splits it
+delivered whole per open epoch, the ranges it owes): `mark()` takes it before any batch without a message to the
+master, and a checkpoint turns a mark into the Position (`consumed`, then the backend's `position`). The stall clock
 counts samples, not splits: a client that receives only empty splits (a filter that keeps nothing) for
 stall_timeout_s raises, as does one that receives nothing.
 
@@ -21,14 +23,18 @@ from collections import deque
 from dataclasses import dataclass
 
 from neocfg.data.arrays import BatchArrays
-from neocfg.data.dpp.backend import ClientReport, DppBackend
+from neocfg.data.dpp.backend import DppBackend
 from neocfg.data.dpp.master import DataStall
-from neocfg.data.dpp.progress import RowRange, Tracker
+from neocfg.data.dpp.progress import ClientMark, Consumed, Position, RowRange, Tracker
 from neocfg.data.dpp.worker import Piece, SplitResult
 from neocfg.errors import DataError
 
 # Skipped bad splits (dsi.on_bad_split=skip) are said on the console as they happen, up to this many per client.
 SKIPPED_SHOWN = 5
+# An epoch the master reports complete is forgotten this many batches later: a trainer holds marks of the few batches
+# it fetched ahead (its pipeline, at most 3), and ranks in lockstep are within a step of each other, so every mark
+# still in use was taken after each rank trained the batches that completed the epoch.
+PRUNE_LAG_BATCHES = 16
 
 
 class EndOfData(Exception):
@@ -44,10 +50,13 @@ class _Held:
 
 class DppClient:
     def __init__(self, backend: DppBackend, index: int, batch_size: int, timeout_s: float,
-                 tracker: Tracker | None = None) -> None:
+                 start: Position | None = None) -> None:
+        """`start`: the position the service resumes from (its finished splits are part of this client's record)."""
         self.backend, self.index, self.batch_size = backend, index, batch_size
-        self.tracker, self.timeout_s = tracker or Tracker(), timeout_s
+        self.tracker, self.timeout_s = Tracker(start), timeout_s
         self.batches = 0
+        # (complete_below, the batch count from which to prune): what the master said, applied PRUNE_LAG_BATCHES late.
+        self._prune: deque[tuple[int, int]] = deque()
         # Owed ranges to lay out first (resume), the pieces collected for them, results that came in meanwhile.
         self.restore: list[RowRange] = []
         self._restored: dict[tuple[int, int, int], Piece] = {}
@@ -113,6 +122,8 @@ class DppClient:
             raise DataError(f"DPP: no sample for {self.timeout_s:.0f} s (dsi.stall_timeout_s); {self.empty_splits} "
                             f"splits came back empty after the transforms (dsi.transforms filters)") from exc
         if result is not None:
+            if result.complete_below > max([self.tracker.complete_below, *(w for w, _ in self._prune)]):
+                self._prune.append((result.complete_below, self.batches + PRUNE_LAG_BATCHES))
             if result.delivered_rows:
                 self._last_rows_at: float | None = None  # the stall clock starts with the first pull
             elif result.skipped is None:
@@ -186,14 +197,21 @@ class DppClient:
         batch = BatchArrays.concat([h.piece.arrays for h in parts])
         self.delivered += batch.rows
         self.batches += 1
+        while self._prune and self._prune[0][1] <= self.batches:
+            self.tracker.prune(self._prune.popleft()[0])
         return batch
 
-    def report(self) -> ClientReport:
-        """For a checkpoint: the splits finished since the last pull, and every range still owed, in hand-out
-        order (ranges still being collected after a resume are owed too)."""
+    def mark(self) -> ClientMark:
+        """The record after the batches handed out so far (local and cheap: take it before every batch): the
+        splits delivered whole, and every range still owed in hand-out order (ranges still being collected after a
+        resume are owed too)."""
         held = [(h.epoch, h.split, h.piece.start, h.piece.start + h.piece.arrays.rows)
                 for h in [*self.full, *self.tails]]
-        return self.tracker.take_finished(), [*self.restore, *held]
+        return self.tracker.mark(self.batches, [*self.restore, *held])
+
+    def consumed(self, mark: ClientMark | None = None) -> Consumed:
+        """What this client consumed up to `mark` (default: now), for a checkpoint."""
+        return self.tracker.consumed(mark or self.mark())
 
     @property
     def stall_fraction(self) -> float:

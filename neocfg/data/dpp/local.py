@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Optional
 
-from neocfg.data.dpp.backend import ClientReport, local_position, result_of
+from neocfg.data.dpp.backend import merge_records, result_of
 from neocfg.data.dpp.master import DataStall, DppStats, Master, ServiceSetup, autoscale_step
-from neocfg.data.dpp.progress import Finished, Position, Task
+from neocfg.data.dpp.progress import Consumed, Finished, Position, Task
 from neocfg.data.dpp.worker import Msg, SplitResult, worker_main
 from neocfg.errors import DataError
 
@@ -145,7 +145,7 @@ class LocalDppService:
                 got = self.master.take()
                 if got is not None:
                     self._wake()  # room in the buffer: the master may hand out another split
-                    return result_of(got)
+                    return result_of(got, self.master)
                 if self.master.finished:
                     return None
                 if not self._thread.is_alive():
@@ -160,9 +160,8 @@ class LocalDppService:
         with self.cond:
             self.master.report_wait(client, seconds)
 
-    def position(self, step: int, reports: dict[int, ClientReport]) -> Position:
-        with self.cond:
-            return local_position(self.master, reports)
+    def position(self, step: int, records: dict[int, Consumed]) -> Position:
+        return merge_records(self.setup, records)
 
     def stats(self) -> DppStats:
         with self.cond:

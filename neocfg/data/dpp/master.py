@@ -8,9 +8,10 @@ and results, and tell the master what happened; the master decides:
   leases        which worker holds which task since when; a task is leased only while the buffer of finished splits
                 has room, a lease past `split_timeout_s` is overdue (the transport kills its worker), a task whose
                 workers died MAX_SPLIT_ATTEMPTS times is a bad split
-  progress      per split, not per sample: the open epochs' finished splits (reported by the clients once every row
-                of a split was delivered) and, at a checkpoint, the row ranges each client still owes; memory grows
-                with the number of splits, never with the number of samples
+  progress      per split, not per sample: the open epochs' finished splits (reported by the clients with their next
+                pull once every row of a split was delivered), to count duplicates and to tell clients which epochs
+                are complete; memory grows with the number of splits, never with the number of samples. The
+                checkpoint's Position is not the master's: the clients' own records put together (progress.py)
   emptiness     an epoch whose every split came back with no row left after the transforms fails the job at once,
                 naming the filter that dropped the rows (instead of spinning on empty splits forever)
   scaling       add a worker while clients stall, retire one while they never wait and the buffer is full, within
@@ -29,7 +30,7 @@ from enum import Enum
 from typing import Any, Callable, Generic, Optional, Protocol, TypeVar
 
 from neocfg.data.dataset import Split
-from neocfg.data.dpp.progress import Finished, Position, RowRange, SplitMeta, SplitQueue, Task
+from neocfg.data.dpp.progress import Finished, Position, SplitMeta, SplitQueue, Task
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.errors import DataError
 from neocfg.types import OnBadSplit
@@ -91,6 +92,8 @@ class DppStats:
     worker_busy_s: float = 0.0
     # Rows of a split reported finished twice (by two clients, or twice by one): 0 when delivery is exactly-once.
     duplicate_rows: int = 0
+    # Splits read again because their finished rows were lost before a client fetched them (a lost node).
+    splits_reread: int = 0
 
 
 class DataStall(DataError):
@@ -231,6 +234,17 @@ class Master(Generic[P]):
             return False
         return True
 
+    def reread(self, task: Task, reason: str) -> None:
+        """A split's result was lost after its worker finished (its rows' node or object store is gone, or they
+        could not be fetched in time) and nothing of it was delivered: queue it again to be read from storage."""
+        key = (task.epoch, task.split.index)
+        self.attempts[key] = self.attempts.get(key, 0) + 1
+        self.counters.splits_reread += 1
+        if self.attempts[key] >= MAX_SPLIT_ATTEMPTS:
+            self._bad(task, f"{task.split.where}: its rows were lost {MAX_SPLIT_ATTEMPTS} times (last: {reason})")
+        else:
+            self.queue.requeue(task)
+
     def overdue(self, now: float) -> list[int]:
         """Workers busy on one split for longer than split_timeout_s (the transport kills them)."""
         limit = self.setup.limits.split_timeout_s
@@ -263,10 +277,9 @@ class Master(Generic[P]):
                 self._fresh.pop(f.epoch, None)
                 self._dropped.pop(f.epoch, None)
 
-    def position(self, pending: list[RowRange]) -> Position:
-        """The checkpoint: finished splits of the open epochs and the ranges the clients still owe."""
-        return Position(last_epoch=self.last_epoch, done={e: set(d) for e, d in self.open.items()},
-                        pending=list(pending))
+    def complete_below(self) -> int:
+        """Epochs below this are complete: every split of them was delivered whole by some client."""
+        return min(self.open) if self.open else self.last_epoch + 1
 
     def tracking_size(self) -> int:
         """Entries the progress tracking holds (split ids and counters): bounded by splits, not samples."""

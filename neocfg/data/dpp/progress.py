@@ -6,7 +6,11 @@ Position   how far the trainers got: for each epoch not yet complete, the splits
 SplitQueue the master's queue of tasks (epoch, split, ranges to deliver): epochs in a seeded shuffled split order,
            an epoch's tasks queued only once the previous epoch's are all handed out, requeued tasks first.
 SplitMeta  what the master learns of a finished split; Finished: a client delivered every owed row of a split.
-Tracker    a client's per-split progress (rows owed, intervals delivered), reported to the master split by split.
+Tracker    a client's per-split progress (rows owed, intervals delivered), reported to the master split by split, and
+           its record of what it consumed: per epoch not known complete, the splits it delivered whole.
+ClientMark the record at one batch, taken locally and cheaply before every batch (no message to the master);
+Consumed   a mark made whole (the split ids themselves) at a checkpoint; Position.merge puts the clients' Consumed
+           together into the job's Position, at checkpoint steps only.
 """
 
 from __future__ import annotations
@@ -104,17 +108,41 @@ class Position:
         return read_json(path, Position.from_state, "no DPP checkpoint here", "not a DPP checkpoint")
 
     @staticmethod
-    def merge(positions: list["Position"], num_splits: int) -> "Position":
-        """The position of several clients of one service (each split went to exactly one of them)."""
-        out = Position(last_epoch=max([p.last_epoch for p in positions], default=-1))
-        for p in positions:
-            for e, d in p.done.items():
-                out.done.setdefault(e, set()).update(d)
-            out.pending += p.pending
-        # Each client lists every epoch up to its newest until it is complete; an epoch absent everywhere is.
+    def merge(records: list["Consumed"], num_splits: int) -> "Position":
+        """The position of several clients of one service (each split went to exactly one of them), in client
+        order: epochs below the newest `complete_below` any client learned are complete, and so is an epoch whose
+        every split some client delivered whole."""
+        below = max([r.complete_below for r in records], default=0)
+        out = Position(last_epoch=max([r.position.last_epoch for r in records], default=-1))
+        for r in records:
+            for e, d in r.position.done.items():
+                if e >= below:
+                    out.done.setdefault(e, set()).update(d)
+            out.pending += r.position.pending
+        # Each client lists every epoch from its complete_below to its newest; an epoch absent everywhere is complete.
         for e in [e for e, d in out.done.items() if len(d) == num_splits]:
             del out.done[e]
         return out
+
+
+@dataclass(frozen=True)
+class ClientMark:
+    """A client's record at one batch, cheap to take: how many splits it had finished per epoch (the split ids stay
+    in the Tracker, append-only until pruned), the ranges it owed, and the epochs known complete."""
+
+    batches: int
+    complete_below: int
+    last_epoch: int
+    finished: tuple[tuple[int, int], ...]   # (epoch, splits finished so far)
+    owed: tuple[RowRange, ...]
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """What one client consumed up to a mark: its Position (only its own splits) and the epochs known complete."""
+
+    position: Position
+    complete_below: int = 0
 
 
 def epoch_order(num_splits: int, epoch: int, seed: int) -> list[int]:
@@ -157,20 +185,33 @@ class SplitQueue:
 class Tracker:
     """One client's per-split progress: for each split in hand, the rows still owed and the row intervals already
     delivered (a range delivered twice is counted in `duplicates`); a split whose every owed row went out is
-    `finished` until the client reports it to the master. Memory: the splits in hand, never the samples."""
+    `finished` until the client reports it to the master, and stays in `done` (its epoch's list) until the epoch is
+    known complete. Memory: the splits in hand and the open epochs' split ids, never the samples."""
 
-    def __init__(self) -> None:
+    def __init__(self, start: Optional[Position] = None) -> None:
         self.owed: dict[tuple[int, int], int] = {}
         self.ranges: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.finished: list[Finished] = []
         self.duplicates = 0
+        start = start or Position()
+        self.last_epoch = start.last_epoch
+        self.done: dict[int, list[int]] = {e: sorted(d) for e, d in start.done.items()}
+        # Epochs below this are complete (an epoch up to last_epoch absent from a Position is complete).
+        listed = set(start.done) | {e for e, *_ in start.pending}
+        self.complete_below = min(listed) if listed else start.last_epoch + 1
 
     def received(self, epoch: int, split: int, rows: int) -> None:
         key = (epoch, split)
+        self.last_epoch = max(self.last_epoch, epoch)
         if rows:
             self.owed[key] = self.owed.get(key, 0) + rows
         else:
-            self.finished.append(Finished(epoch, split, 0))
+            self._finish(Finished(epoch, split, 0))
+
+    def _finish(self, f: Finished) -> None:
+        self.finished.append(f)
+        if f.epoch >= self.complete_below:
+            self.done.setdefault(f.epoch, []).append(f.split)
 
     def delivered(self, epoch: int, split: int, start: int, stop: int) -> None:
         key = (epoch, split)
@@ -184,12 +225,38 @@ class Tracker:
         if self.owed[key] <= 0:
             del self.owed[key]
             rows = sum(b - a for a, b in self.ranges.pop(key))
-            self.finished.append(Finished(epoch, split, rows))
+            self._finish(Finished(epoch, split, rows))
 
     def take_finished(self) -> list[Finished]:
         out, self.finished = self.finished, []
         return out
 
+    def prune(self, complete_below: int) -> None:
+        """Epochs below `complete_below` are complete job-wide: forget their split ids."""
+        if complete_below <= self.complete_below:
+            return
+        self.complete_below = complete_below
+        for e in [e for e in self.done if e < complete_below]:
+            del self.done[e]
+
+    def mark(self, batches: int, owed: list[RowRange]) -> ClientMark:
+        """The record now: O(open epochs + ranges owed), no copy of the split ids."""
+        return ClientMark(batches=batches, complete_below=self.complete_below, last_epoch=self.last_epoch,
+                          finished=tuple((e, len(d)) for e, d in self.done.items()), owed=tuple(owed))
+
+    def consumed(self, mark: ClientMark) -> Consumed:
+        """The record at `mark` made whole: every epoch from complete_below to last_epoch is listed (an open epoch
+        this client finished nothing of yet has an empty set). An epoch pruned since the mark is complete (the
+        client prunes PRUNE_LAG_BATCHES after it learns so: later than any mark a trainer still holds)."""
+        below = max(mark.complete_below, self.complete_below)
+        done: dict[int, set[int]] = {e: set() for e in range(below, mark.last_epoch + 1)}
+        for e, n in mark.finished:
+            if e >= below:
+                done[e] = set(self.done[e][:n])
+        return Consumed(Position(last_epoch=mark.last_epoch, done=done, pending=list(mark.owed)),
+                        complete_below=below)
+
     def size(self) -> int:
-        """Entries held (splits in hand, their intervals, unreported finishes)."""
-        return len(self.owed) + sum(len(r) for r in self.ranges.values()) + len(self.finished)
+        """Entries held (splits in hand, their intervals, unreported finishes, open epochs' finished splits)."""
+        return (len(self.owed) + sum(len(r) for r in self.ranges.values()) + len(self.finished)
+                + sum(len(d) for d in self.done.values()))

@@ -1,19 +1,25 @@
 """The Ray DPP backend (`dsi.backend=ray`): one master per job, workers on any host of a Ray cluster.
 
-  master   a named Ray actor (RayMaster, in namespace dsi.ray.namespace) created by rank 0 and found by name by every
-           rank's client; it runs the same policy as the local backend (neocfg/data/dpp/master.py) in a thread that
-           hands tasks to worker actors and waits on their results
+  master   a named Ray actor (RayMaster, in namespace dsi.ray.namespace) created by rank 0 on its own node (so that it
+           lives as long as the job does) and found by name by every rank's client; it runs the same policy as the
+           local backend (neocfg/data/dpp/master.py) in a thread that hands tasks to worker actors and waits on their
+           results
   workers  Ray actors (DppWorkerActor) with the CPUs and memory of the planned worker shape, scaled down with a
            warning where the cluster has less; a worker that dies (ray.kill, a lost node) fails its task's result,
            and the master requeues the task and starts a replacement, as the local backend does for processes
   batches  a worker returns a split's metadata and its rows as two objects: the master reads only the metadata;
-           the rows stay in Ray's object store until the client that pulls the split fetches them
-  cluster  dsi.ray.address=null: rank 0 starts a local Ray for the run (shut down at the end) and shares its address
-           with the other ranks; "auto" or "ray://host:10001" joins a running cluster (`ray start --head`)
+           the rows stay in Ray's object store until the client that pulls the split fetches them. Rows that cannot be
+           fetched (their node or object store was lost: ObjectLostError, ObjectReconstructionFailedError,
+           OwnerDiedError, ActorDiedError; or not within FETCH_TIMEOUT_S) were never delivered: the client hands the
+           split back and the master queues it again, to be re-read from storage by a live worker
+  cluster  dsi.ray.address=null: rank 0 starts a Ray of its own for the run (address="local", whatever else runs on
+           the machine; token authentication with a token made for the run, shared with the other ranks), shut down
+           at the end; "auto" or "host:port" joins a running cluster (`ray start --head`); rank 0 says which
 
-Every split goes to exactly one client (rank) per epoch. A checkpoint is a barrier on the master: every rank reports
-the splits it finished and the ranges it still owes after the same step, and each gets the job's Position back
-(stored in every rank's checkpoint; a resumed job's master starts from it).
+Every split goes to exactly one client (rank) per epoch. Per batch nothing crosses to the master: a client pulls a
+split when it has no rows left, reporting the splits it delivered whole and the time it waited. A checkpoint is the
+one barrier: every rank sends its record of what it consumed (progress.Consumed) after the same step, and each gets
+the job's Position back (stored in every rank's checkpoint; a resumed job's master starts from it).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import threading
 import time
 import uuid
@@ -30,18 +37,26 @@ from typing import Any, Callable, Optional
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from neocfg.config.dsi import DsiConfig
 from neocfg.data.arrays import BatchArrays
-from neocfg.data.dpp.backend import ClientReport
 from neocfg.data.dpp.master import DataStall, DppStats, Master, ServiceSetup, autoscale_step
-from neocfg.data.dpp.progress import Finished, Position, RowRange, Task
+from neocfg.data.dpp.progress import Consumed, Finished, Position, Task
 from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.dpp.worker import Piece, SplitReader, SplitResult, WorkerSpec
 from neocfg.errors import DataError
 
-# A local Ray started for the run: no auth token prompt or file, no usage-stats prompt, no dashboard.
-LOCAL_RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# A Ray started for the run: no usage-stats prompt (and no dashboard: ray.init below); its GCS, raylet and workers
+# listen on every interface (Ray binds its gRPC servers there), so they require a token made for the run
+# (Ray's token authentication, https://docs.ray.io/en/latest/ray-security/token-auth.html).
+LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
+# Bytes of randomness in the run's token (hex: twice as many characters).
+AUTH_TOKEN_BYTES = 32
+# A client that cannot fetch a pulled split's rows within this many seconds hands the split back (a node that died
+# is declared dead by Ray's health checks within about 15 s: 5 missed checks 3 s apart, Ray's defaults).
+FETCH_TIMEOUT_S = 60.0
 # The master's loop wakes at least this often (seconds) to check timeouts, scaling and shutdown.
 TICK_S = 0.05
 # Concurrent calls into the master actor (clients blocked in pull, the checkpoint barrier, stats).
@@ -70,21 +85,62 @@ class RayOptions:
     joined: bool = False         # connect() started or joined Ray in this process: shut it down (or leave) at close
 
 
-def start_local_ray(object_store_mb: int, num_cpus: Optional[int] = None, namespace: Optional[str] = None) -> str:
-    """Start a local Ray (no prompts, no dashboard); its address for other processes to join."""
-    for k, v in LOCAL_RAY_ENV.items():
-        os.environ.setdefault(k, v)
-    ctx = ray.init(num_cpus=num_cpus or os.cpu_count() or 1, object_store_memory=object_store_mb * 2**20,
-                   include_dashboard=False, namespace=namespace, logging_level=logging.WARNING,
-                   log_to_driver=False, configure_logging=True)
-    return ctx.address_info["gcs_address"]
+_saved_auth: Optional[dict[str, Optional[str]]] = None
 
 
-def join_ray(address: str, namespace: str) -> None:
+def set_ray_auth(env: dict[str, Optional[str]]) -> None:
+    """Set (value) or unset (None) Ray's auth variables in this process and make Ray re-read them (it reads them
+    once at import otherwise): what Ray's own tests do to switch authentication modes in one process."""
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
+def _run_auth(token: str) -> None:
+    """This process uses the run's token (saving what the auth variables were, restored by leave_ray)."""
+    global _saved_auth
+    keys = (AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV)
+    if _saved_auth is None:
+        _saved_auth = {k: os.environ.get(k) for k in keys}
+    set_ray_auth({AUTH_MODE_ENV: "token", AUTH_TOKEN_ENV: token, AUTH_TOKEN_PATH_ENV: None})
+
+
+def start_local_ray(object_store_mb: int, num_cpus: Optional[int] = None, namespace: Optional[str] = None
+                    ) -> tuple[str, str]:
+    """Start a Ray of this run's own (address="local": never a cluster already running here; no prompts, no
+    dashboard), whose servers require a token made for the run. Returns its address and that token, for the other
+    ranks to join with."""
     for k, v in LOCAL_RAY_ENV.items():
         os.environ.setdefault(k, v)
+    token = secrets.token_hex(AUTH_TOKEN_BYTES)
+    _run_auth(token)
+    ctx = ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1,
+                   object_store_memory=object_store_mb * 2**20, include_dashboard=False, namespace=namespace,
+                   logging_level=logging.WARNING, log_to_driver=False, configure_logging=True)
+    return ctx.address_info["gcs_address"], token
+
+
+def join_ray(address: str, namespace: str, token: Optional[str] = None) -> None:
+    """Join a cluster: the run's own (with its token) or one the user runs (with the user's Ray auth settings)."""
+    if token is not None:
+        _run_auth(token)
     if not ray.is_initialized():
         ray.init(address=address, namespace=namespace, logging_level=logging.WARNING, log_to_driver=False)
+
+
+def leave_ray() -> None:
+    """Disconnect (a run's own Ray stops with its last driver) and restore the auth variables _run_auth changed."""
+    global _saved_auth
+    ray.shutdown()
+    if _saved_auth is not None:
+        set_ray_auth(_saved_auth)
+        _saved_auth = None
 
 
 def fit_workers(sizing: Optional[PlannedDpp], workers: int, cluster: dict[str, float]
@@ -108,21 +164,28 @@ def fit_workers(sizing: Optional[PlannedDpp], workers: int, cluster: dict[str, f
 def connect(dsi: DsiConfig, rank: int, share: Callable[[Any], Any], sizing: Optional[PlannedDpp],
             workers: int) -> tuple[RayOptions, str]:
     """Collective over the ranks: rank 0 starts or joins Ray and names the job's master; every rank joins.
-    Returns this rank's options and rank 0's resource warning ('' elsewhere)."""
-    warning, info = "", None
+    Returns this rank's options and rank 0's lines to say (which Ray it uses, the resource warning; '' elsewhere)."""
+    said, info = "", None
     if rank == 0:
+        token: Optional[str] = None
         if dsi.ray.address is None:
-            address = start_local_ray(dsi.ray.object_store_mb, namespace=dsi.ray.namespace)
+            address, token = start_local_ray(dsi.ray.object_store_mb, namespace=dsi.ray.namespace)
+            said = (f"DPP: started a Ray of this run's own at {address} (dsi.ray.address=null; token authentication, "
+                    f"stopped at the end)")
         else:
+            join_ray(dsi.ray.address, dsi.ray.namespace)
             address = dsi.ray.address
-            join_ray(address, dsi.ray.namespace)
+            nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
+            said = (f"DPP: joined the Ray cluster at {dsi.ray.address} (dsi.ray.address; "
+                    f"{nodes} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs)")
         resources, warning = fit_workers(sizing, workers, ray.cluster_resources())
-        info = (address, f"neocfg-dpp-{uuid.uuid4().hex[:12]}", resources)
-    address, name, resources = share(info)
+        said = "\n".join(x for x in (said, warning) if x)
+        info = (ray.get_runtime_context().gcs_address, token, f"neocfg-dpp-{uuid.uuid4().hex[:12]}", resources)
+    address, token, name, resources = share(info)
     if rank != 0:
-        join_ray(address, dsi.ray.namespace)
+        join_ray(address, dsi.ray.namespace, token)
     return RayOptions(namespace=dsi.ray.namespace, master_name=name, owner=rank == 0, resources=resources,
-                      client=rank, joined=True), warning
+                      client=rank, joined=True), said
 
 
 # ---------------------------------------------------------------------------------------------------- worker actor
@@ -143,6 +206,10 @@ class DppWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def node(self) -> str:
+        """The Ray node this worker runs on."""
+        return ray.get_runtime_context().get_node_id()
 
 
 DppWorkerActor = ray.remote(max_restarts=0)(DppWorker)
@@ -172,7 +239,7 @@ class RayMasterImpl:
         self._next_wid = 0
         self._stop = False
         self._left: set[int] = set()
-        self._reports: dict[int, dict[int, ClientReport]] = {}
+        self._reports: dict[int, dict[int, Consumed]] = {}
         self._positions: dict[int, dict[str, Any]] = {}
         with self.cond:
             for _ in range(setup.workers):
@@ -268,45 +335,52 @@ class RayMasterImpl:
         ray.kill(w.handle, no_restart=True)
 
     # ---- clients (actor threads) -------------------------------------------------------------------------------
-    def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> tuple[str, Any, Any]:
-        """('split', meta, rows ref) | ('end', None, None) | ('error', message, None) | ('timeout', ...)."""
+    def pull(self, client: int, timeout_s: float, finished: list[Finished], waited: float = 0.0
+             ) -> tuple[str, Any, Any, int]:
+        """('split', meta, rows ref, complete_below) | ('end', ...) | ('error', message, ...) | ('timeout', ...).
+        `finished`: splits the client delivered whole since its last pull; `waited`: seconds it waited meanwhile."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             self.master.finish(finished)
+            self.master.report_wait(client, waited)
             while True:
                 try:
                     got = self.master.take()
                 except DataError as exc:
-                    return "error", str(exc), None
+                    return "error", str(exc), None, 0
                 if got is not None:
                     self.cond.notify_all()  # room in the buffer
-                    return "split", got[0], got[1]
+                    return "split", got[0], got[1], self.master.complete_below()
                 if self.master.finished:
-                    return "end", None, None
+                    return "end", None, None, 0
                 left = deadline - time.monotonic()
                 if left <= 0:
                     busy = sum(1 for w in self.workers.values() if w.task is not None)
                     return "timeout", (f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
-                                       f"{len(self.workers)} Ray workers, {busy} splits in flight"), None
+                                       f"{len(self.workers)} Ray workers, {busy} splits in flight"), None, 0
                 self.cond.wait(min(left, TICK_S))
+
+    def lost_rows(self, task: Task, reason: str) -> None:
+        """A client could not fetch this split's rows (nothing of it was delivered): read it again."""
+        with self.cond:
+            self.master.reread(task, reason)
+            self.cond.notify_all()
 
     def report_wait(self, client: int, seconds: float) -> None:
         with self.cond:
             self.master.report_wait(client, seconds)
 
-    def checkpoint(self, client: int, step: int, report: ClientReport, timeout_s: float) -> Optional[dict[str, Any]]:
-        """Barrier: once every client reported `step`, the job's Position (None on timeout)."""
+    def checkpoint(self, client: int, step: int, record: Consumed, timeout_s: float) -> Optional[dict[str, Any]]:
+        """Barrier: once every client sent its record after `step` batches, the job's Position (None on timeout)."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
-            self._reports.setdefault(step, {})[client] = report
-            self.master.finish(report[0])
+            self._reports.setdefault(step, {})[client] = record
             self.cond.notify_all()
             while step not in self._positions:
                 if len(self._reports[step]) == self.setup.num_clients:
-                    pending: list[RowRange] = []
-                    for c in sorted(self._reports[step]):
-                        pending += self._reports[step][c][1]
-                    self._positions = {step: self.master.position(pending).to_state()}
+                    records = self._reports[step]
+                    pos = Position.merge([records[c] for c in sorted(records)], self.master.num_splits)
+                    self._positions = {step: pos.to_state()}
                     self._reports = {s: r for s, r in self._reports.items() if s > step}
                     self.cond.notify_all()
                     break
@@ -365,11 +439,15 @@ class RayDppService:
         self.setup, self.options = setup, options
         self.master: Any = None
         self._closed = False
+        self._waited = 0.0  # seconds waited since the last pull, sent with the next one
+        self.rereads = 0    # splits this client handed back because their rows could not be fetched
 
     def start(self) -> None:
         o = self.options
-        if o.owner:
-            self.master = RayMaster.options(name=o.master_name, namespace=o.namespace).remote(self.setup, o.resources)
+        if o.owner:  # on this node: the master lives as long as rank 0 does, whichever other node is lost
+            here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+            self.master = RayMaster.options(name=o.master_name, namespace=o.namespace,
+                                            scheduling_strategy=here).remote(self.setup, o.resources)
             return
         deadline = time.monotonic() + FIND_MASTER_S
         while True:
@@ -383,33 +461,44 @@ class RayDppService:
                 time.sleep(0.2)
 
     def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> Optional[SplitResult]:
-        try:
-            kind, meta, ref = ray.get(self.master.pull.remote(client, timeout_s, finished), timeout=timeout_s + 60)
-        except (RayActorError, GetTimeoutError) as exc:
-            raise DataError(f"DPP: the job's master actor is gone ({_reason(exc)})") from None
-        if kind == "end":
-            return None
-        if kind == "timeout":
-            raise DataStall(meta)
-        if kind != "split":
-            raise DataError(meta)
-        if ref is None:
-            return SplitResult.skipped_split(meta)
-        try:
-            result: SplitResult = ray.get(ref)
-        except RayError as exc:
-            raise DataError(f"DPP: lost the rows of {meta.task.split.where} ({_reason(exc)})") from None
-        # Object-store arrays are read-only views; the trainer gets its own, writable copies.
-        result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
-        return result
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = max(deadline - time.monotonic(), 0.0)
+            waited, self._waited = self._waited, 0.0
+            try:
+                kind, meta, ref, below = ray.get(self.master.pull.remote(client, left, finished, waited),
+                                                 timeout=left + 60)
+            except (RayActorError, GetTimeoutError) as exc:
+                raise DataError(f"DPP: the job's master actor is gone ({_reason(exc)})") from None
+            finished = []
+            if kind == "end":
+                return None
+            if kind == "timeout":
+                raise DataStall(meta)
+            if kind != "split":
+                raise DataError(meta)
+            if ref is None:
+                result = SplitResult.skipped_split(meta)
+                result.complete_below = below
+                return result
+            try:
+                result = ray.get(ref, timeout=FETCH_TIMEOUT_S)
+            except (RayError, GetTimeoutError) as exc:  # the rows' node or object store is gone: read it again
+                self.rereads += 1
+                self.master.lost_rows.remote(meta.task, f"{meta.task.split.where}: {_reason(exc)}")
+                continue
+            # Object-store arrays are read-only views; the trainer gets its own, writable copies.
+            result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
+            result.complete_below = below
+            return result
 
     def report_wait(self, client: int, seconds: float) -> None:
-        self.master.report_wait.remote(client, seconds)
+        self._waited += seconds
 
-    def position(self, step: int, reports: dict[int, ClientReport]) -> Position:
-        (client, report), = reports.items()
+    def position(self, step: int, records: dict[int, Consumed]) -> Position:
+        (client, record), = records.items()
         timeout = self.setup.limits.stall_timeout_s
-        state = ray.get(self.master.checkpoint.remote(client, step, report, timeout))
+        state = ray.get(self.master.checkpoint.remote(client, step, record, timeout))
         if state is None:
             raise DataError(f"DPP: not every rank reported step {step} to the master within {timeout:.0f} s "
                             f"(dsi.stall_timeout_s)")
@@ -437,7 +526,7 @@ class RayDppService:
         except RayError:
             pass
         if self.options.joined:
-            ray.shutdown()
+            leave_ray()
 
 
 def _copy(a: BatchArrays) -> BatchArrays:

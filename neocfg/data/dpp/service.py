@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 from neocfg.data.dpp.backend import DppBackend, InlineDppService
 from neocfg.data.dpp.client import DppClient
 from neocfg.data.dpp.master import DppStats, ServiceSetup
-from neocfg.data.dpp.progress import Position
+from neocfg.data.dpp.progress import ClientMark, Position
 from neocfg.types import DppBackendKind
 
 
@@ -34,7 +34,8 @@ class DppService:
         self.setup = setup
         self.backend: DppBackend = backend or make_backend(kind, setup)
         ids = list(range(setup.num_clients)) if clients is None else list(clients)
-        self.clients = [DppClient(self.backend, i, setup.spec.batch_size, setup.limits.stall_timeout_s) for i in ids]
+        self.clients = [DppClient(self.backend, i, setup.spec.batch_size, setup.limits.stall_timeout_s, setup.start)
+                        for i in ids]
         if setup.num_clients == 1:  # several clients share the owed splits however they come: no order to keep
             self.clients[0].resume_order(setup.start.pending)
 
@@ -42,10 +43,12 @@ class DppService:
         self.backend.start()
         return self
 
-    def position(self) -> Position:
-        """What all clients delivered: the point a new service (ServiceSetup.start) continues from."""
-        step = self.clients[0].batches if self.clients else 0
-        return self.backend.position(step, {c.index: c.report() for c in self.clients})
+    def position(self, marks: Optional[dict[int, ClientMark]] = None) -> Position:
+        """What all clients delivered (up to `marks`, per client index; default: now): the point a new service
+        (ServiceSetup.start) continues from. A job-wide backend waits for every process's clients here."""
+        marks = marks or {c.index: c.mark() for c in self.clients}
+        step = marks[self.clients[0].index].batches if self.clients else 0
+        return self.backend.position(step, {c.index: c.consumed(marks[c.index]) for c in self.clients})
 
     def checkpoint(self, path: Path) -> Position:
         """Save the service's position (the master's progress as the clients delivered it) to a JSON file."""

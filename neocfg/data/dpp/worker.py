@@ -73,6 +73,8 @@ class SplitResult:
     skipped: Optional[str] = None  # the error, when the split was skipped (dsi.on_bad_split=skip)
     rows_read: int = 0             # rows before the transforms
     dropped: tuple[tuple[int, str, int], ...] = ()  # (transform index, description, rows) per filter
+    # Set by the master as it hands the split out: epochs below this are complete job-wide (the client prunes).
+    complete_below: int = 0
     delivered_rows: int = field(init=False)
 
     def __post_init__(self) -> None:
