@@ -20,12 +20,23 @@ interleaving, e.g. --variant "nopipe:train.pipeline=false"; its ratio to TorchRe
 Models: `tiny8` (8 tables of dim 16, 1k..200k rows, pooling 1..4, dlrm_tiny's MLPs) and `criteo` (the Criteo
 Kaggle tables capped at 1M rows, dim 16, MLPs 512-256-64-16 / 512-256-1).
 
+--whole-run: the comparison a user makes, each system as its own processes: `neocfg mode=train` (a subprocess,
+spawning its 2 ranks) on the same plan, once with dsi.cycle_batches=8 (the same cycled batches) and once on its
+default learnable stream (batches generated in its prefetch thread beside the step), against a TorchRec DMP run in
+its own 2 spawned processes cycling the same 8 batches per rank. Models x --ids (uniform: every zipf_alpha 0; zipf:
+the presets' skew) x --sharding (table_wise, row_wise: TorchRec's EBC sharder with CPU row-wise,
+CpuRowWiseEmbeddingBagCollectionSharder). Runs interleave A/B/C, C/A/B, ...; the best of --repeats (2) counts;
+samples/s of the steps after the first 2 (neocfg's metrics.json; the same window in TorchRec's loop). --results
+writes the table into bench/RESULTS.md.
+
 TorchRec lives in .venv-torchrec (`make torchrec-env`: TorchRec 1.8 without its CUDA dependencies, beside
 fbgemm-gpu-cpu 1.8). Run from either environment: without TorchRec importable here, the bench builds that
 environment if needed and re-runs itself there, or says why it cannot.
 
     .venv/bin/python bench/bench_vs_torchrec.py [--models tiny8,criteo] [--steps 40] [--repeats 3] [--out x.json]
         [--variant NAME:OVERRIDES ...] [--no-own-plan]
+    .venv-torchrec/bin/python bench/bench_vs_torchrec.py --whole-run [--models tiny8,criteo] [--ids uniform,zipf]
+        [--sharding table_wise,row_wise] [--whole-steps 80] [--repeats 2] [--results] [--out x.json]
 """
 
 from __future__ import annotations
@@ -42,7 +53,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, cap_rows, compose_cfg, emit  # noqa: E402
+from common import REPO, cap_rows, compose_cfg, emit, record_results  # noqa: E402
 
 WORLD = 2
 LR = 0.05
@@ -54,6 +65,7 @@ BENCH_BATCHES = 8
 # tiny8: rows and pooling per table (dlrm_tiny's tables resized to span 1k..200k rows and pooling 1..4).
 TINY8_ROWS = (1000, 5000, 20000, 200000, 10000, 2000, 50000, 100000)
 TINY8_POOLING = (1, 2, 1, 3, 1, 4, 1, 2)
+ID_KINDS = ("uniform", "zipf")
 
 
 def ensure_torchrec() -> None:
@@ -76,54 +88,49 @@ def ensure_torchrec() -> None:
     os.execv(str(tr_py), [str(tr_py), *sys.argv])
 
 
-def neocfg_config(model: str, batch: int, steps: int, sharding_types: str | None, extra: tuple[str, ...] = ()):
-    common = ["hardware=cpu_local", "mode=train", f"train.steps={steps}", f"train.batch_size={batch}",
-              "train.eval_batches=0", f"train.log_every={steps}", "train.dense_optimizer=adagrad",
-              f"train.dense_learning_rate={LR}", "train.sparse_optimizer=exact_rowwise_adagrad",
-              f"train.sparse_learning_rate={LR}"]
-    if sharding_types:
-        common.append(f"planner.sharding_types=[{sharding_types}]")
-    common += list(extra)
+def model_overrides(model: str, ids: str = "zipf") -> list[str]:
+    """The Hydra overrides that make `model` (tiny8, criteo) with `ids` (zipf: the preset's skew; uniform: every
+    table's zipf_alpha 0), as a user passes them to `neocfg`."""
     if model == "tiny8":
-        cfg = compose_cfg(["model=dlrm_tiny", *common])
-        tables = [dataclasses.replace(t, num_embeddings=r, pooling_factor=float(p))
-                  for t, r, p in zip(cfg.model.tables, TINY8_ROWS, TINY8_POOLING)]
-        return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="tiny8", tables=tables))
-    if model == "criteo":
-        return compose_cfg(["model=criteo_kaggle", *cap_rows("criteo_kaggle", 1_000_000), *common])
-    raise SystemExit(f"--models: unknown model {model!r}; allowed: tiny8, criteo")
+        out = ["model=dlrm_tiny", "model.name=tiny8"]
+        for i, (r, p) in enumerate(zip(TINY8_ROWS, TINY8_POOLING)):
+            out += [f"model.tables.{i}.num_embeddings={r}", f"model.tables.{i}.pooling_factor={p}"]
+        n_tables = len(TINY8_ROWS)
+    elif model == "criteo":
+        out = ["model=criteo_kaggle", *cap_rows("criteo_kaggle", 1_000_000)]
+        n_tables = len(compose_cfg(["model=criteo_kaggle"]).model.tables)
+    else:
+        raise SystemExit(f"--models: unknown model {model!r}; allowed: tiny8, criteo")
+    if ids not in ID_KINDS:
+        raise SystemExit(f"--ids: unknown id distribution {ids!r}; allowed: {', '.join(ID_KINDS)}")
+    if ids == "uniform":
+        out += [f"model.tables.{i}.zipf_alpha=0" for i in range(n_tables)]
+    return out
 
 
-def bench_batches(cfg, rank: int) -> list:
-    """This rank's BENCH_BATCHES synthetic batches (the samples its neocfg source would deliver first)."""
+def train_overrides(batch: int, steps: int, sharding_types: str | None, extra: tuple[str, ...] = ()) -> list[str]:
+    out = ["hardware=cpu_local", "mode=train", f"train.steps={steps}", f"train.batch_size={batch}",
+           "train.eval_batches=0", f"train.log_every={steps}", "train.dense_optimizer=adagrad",
+           f"train.dense_learning_rate={LR}", "train.sparse_optimizer=exact_rowwise_adagrad",
+           f"train.sparse_learning_rate={LR}"]
+    if sharding_types:
+        out.append(f"planner.sharding_types=[{sharding_types}]")
+    return out + list(extra)
+
+
+def neocfg_config(model: str, batch: int, steps: int, sharding_types: str | None, extra: tuple[str, ...] = (),
+                  ids: str = "zipf"):
+    return compose_cfg([*model_overrides(model, ids), *train_overrides(batch, steps, sharding_types, extra)])
+
+
+def bench_source(cfg, rank: int):
+    """This rank's BENCH_BATCHES synthetic batches, generated once and cycled (what dsi.cycle_batches=8 gives
+    `neocfg mode=train`)."""
+    from neocfg.data.source import SyntheticSource
     from neocfg.data.synthetic import SyntheticData
 
-    data, b = SyntheticData.for_model(cfg.model, cfg.dsi.seed), cfg.train.batch_size
-    return [data.batch((s * WORLD + rank) * b, b) for s in range(BENCH_BATCHES)]
-
-
-class CycleSource:
-    """neocfg's BatchSource over pre-generated batches, in a cycle."""
-
-    def __init__(self, batches: list) -> None:
-        self.batches, self.step = batches, 0
-
-    def next_batch(self):
-        batch = self.batches[self.step % len(self.batches)]
-        self.step += 1
-        return batch
-
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-
-    def stats(self) -> dict:
-        return {}
-
-    def close(self) -> None:
-        pass
+    return SyntheticSource(SyntheticData.for_model(cfg.model, cfg.dsi.seed), rank, WORLD, cfg.train.batch_size,
+                           cycle=BENCH_BATCHES)
 
 
 # ------------------------------------------------------------------------------------------------ TorchRec side
@@ -133,7 +140,6 @@ def _build_dmp(cfg, exported: dict, rank: int):
     """TorchRec's DLRM of the same model under DMP with the given placement; its dense optimizer; its batches."""
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.models.dlrm import DLRM
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -142,7 +148,7 @@ def _build_dmp(cfg, exported: dict, rank: int):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from neocfg.interop.torchrec import to_sharding_plan
+    from neocfg.interop.torchrec import CpuRowWiseEmbeddingBagCollectionSharder, to_sharding_plan
 
     m = cfg.model
     torch.manual_seed(cfg.train.seed)
@@ -151,15 +157,15 @@ def _build_dmp(cfg, exported: dict, rank: int):
                            feature_names=[t.name]) for t in m.tables], device=torch.device("meta"))
     model = DLRM(embedding_bag_collection=ebc, dense_in_features=m.num_dense_features,
                  dense_arch_layer_sizes=list(m.bottom_layers), over_arch_layer_sizes=list(m.top_mlp))
-    sharders = [EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-                                                            "learning_rate": LR})]
+    sharders = [CpuRowWiseEmbeddingBagCollectionSharder(fused_params={
+        "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": LR})]   # TorchRec's EBC sharder + CPU RW
     plan = to_sharding_plan(exported, {t.name: "sparse_arch.embedding_bag_collection" for t in m.tables})
     dmp = DistributedModelParallel(model, plan=plan, sharders=sharders, device=torch.device("cpu"))
     opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                 lambda ps: torch.optim.Adagrad(ps, lr=LR))
     keys = [t.name for t in m.tables]
     batches = []
-    for x in bench_batches(cfg, rank):
+    for x in bench_source(cfg, rank).cycled:
         kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=x.values, lengths=x.lengths.reshape(-1))
         batches.append((x.dense, kjt, x.labels))
     counter = [0]
@@ -192,7 +198,7 @@ def _worker(rank: int, port: int, jobs: dict, steps: int, out_dir: str) -> None:
             if kind == "torchrec":
                 step_fns[name] = _build_dmp(cfg, to_torchrec_dict(plan, "cpu"), rank)
             else:
-                trainer = Trainer(cfg, plan, None, torch.device("cpu"), source=CycleSource(bench_batches(cfg, rank)))
+                trainer = Trainer(cfg, plan, None, torch.device("cpu"), source=bench_source(cfg, rank))
                 step_fns[name] = lambda t=trainer: t.train_step()
         names = list(step_fns)
         times = {n: [] for n in names}
@@ -235,18 +241,168 @@ def run_interleaved(jobs: dict, steps: int) -> dict:
     raise AssertionError("unreachable")
 
 
+# ------------------------------------------------------------------------------------------------ whole runs
+
+
+def _torchrec_rank(rank: int, port: int, spec: dict, out_dir: str) -> None:
+    """One rank of a TorchRec DMP run as a user writes it: its own process, the plan's placement, cycled batches;
+    samples/s from the steps after WARMUP (as neocfg's metrics.json counts them)."""
+    import torch
+    import torch.distributed as dist
+
+    from neocfg.interop.export import to_torchrec_dict
+    from neocfg.plan import Plan
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORLD))   # the threads neocfg gives each rank
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        cfg = compose_cfg(spec["overrides"])
+        step = _build_dmp(cfg, to_torchrec_dict(Plan.load(Path(spec["plan"])), "cpu"), rank)
+        t0 = time.perf_counter()
+        for s in range(spec["steps"]):
+            if s == WARMUP:
+                t0 = time.perf_counter()
+            step()
+        elapsed = time.perf_counter() - t0
+        if rank == 0:
+            timed = spec["steps"] - WARMUP
+            Path(out_dir, "torchrec.json").write_text(json.dumps({
+                "samples_per_s": WORLD * cfg.train.batch_size * timed / elapsed, "step_ms": elapsed * 1e3 / timed}))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def torchrec_run(spec_file: str) -> None:
+    """--torchrec-run SPEC: this process starts the WORLD TorchRec ranks and writes their result next to SPEC."""
+    import torch.multiprocessing as mp
+
+    from neocfg.runtime.launch import free_port
+
+    spec = json.loads(Path(spec_file).read_text())
+    out = str(Path(spec_file).parent)
+    for attempt in range(PORT_ATTEMPTS):
+        try:
+            mp.start_processes(_torchrec_rank, args=(free_port(), spec, out), nprocs=WORLD, start_method="spawn")
+            return
+        except mp.ProcessRaisedException as exc:   # another job took the free port before rank 0 bound it
+            if "EADDRINUSE" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                raise
+
+
+def _timed_process(cmd: list[str], result: Path) -> dict:
+    """Run one whole run; its samples/s (from `result`) and the process's wall time."""
+    result.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NEOCFG_BENCH_REEXEC": "1"})
+    wall = time.perf_counter() - t0
+    if r.returncode != 0 or not result.exists():
+        tail = " | ".join((r.stdout + r.stderr).strip().splitlines()[-4:])
+        raise SystemExit(f"bench_vs_torchrec: whole run failed (exit {r.returncode}): {' '.join(cmd[:4])} ...: {tail}")
+    got = json.loads(result.read_text())
+    return {"samples_per_s": got["samples_per_s"], "wall_s": wall,
+            "breakdown_ms": got.get("breakdown_ms"), "measured_step_ms": got.get("measured_step_ms", got.get("step_ms"))}
+
+
+def whole_run_case(model: str, ids: str, sharding: str, a, tmp: Path) -> dict:
+    """neocfg mode=train (cycled batches and its default stream) and TorchRec DMP (cycled batches), each as its own
+    processes on the same plan, interleaved A/B/C, A/B/C..., best of a.repeats."""
+    from neocfg.contract import load_or_make_plan
+
+    case = tmp / f"{model}_{ids}_{sharding}"
+    case.mkdir()
+    overrides = [*model_overrides(model, ids), *train_overrides(a.batch, a.whole_steps, sharding)]
+    plan_file = case / "plan.json"
+    load_or_make_plan(compose_cfg(overrides)).save(plan_file)
+    neocfg = [sys.executable, "-m", "neocfg", *overrides, f"planner.plan_file={plan_file}"]
+    spec = case / "torchrec_spec.json"
+    spec.write_text(json.dumps({"overrides": overrides, "plan": str(plan_file), "steps": a.whole_steps}))
+    systems = {
+        "neocfg_cycled": ([*neocfg, f"dsi.cycle_batches={BENCH_BATCHES}", f"hydra.run.dir={case / 'cycled'}"],
+                          case / "cycled" / "metrics.json"),
+        "neocfg_stream": ([*neocfg, f"hydra.run.dir={case / 'stream'}"], case / "stream" / "metrics.json"),
+        "torchrec": ([sys.executable, str(Path(__file__).resolve()), "--torchrec-run", str(spec)],
+                     case / "torchrec.json")}
+    names = list(systems)
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    for rep in range(a.repeats):
+        for n in names[rep % len(names):] + names[:rep % len(names)]:
+            runs[n].append(_timed_process(*systems[n]))
+        print(f"{model} {ids} {sharding} repeat {rep + 1}/{a.repeats}: "
+              + ", ".join(f"{n} {runs[n][-1]['samples_per_s']:,.0f}" for n in names) + " samples/s", file=sys.stderr)
+    best = {n: max(r["samples_per_s"] for r in v) for n, v in runs.items()}
+    return {"model": model, "ids": ids, "sharding": sharding, "best_samples_per_s": best,
+            "ratio_cycled": best["neocfg_cycled"] / best["torchrec"],
+            "ratio_stream": best["neocfg_stream"] / best["torchrec"], "runs": runs}
+
+
+# Whole-run targets: neocfg / TorchRec DMP samples/s, table-wise and row-wise.
+TARGET_TW, TARGET_RW = 1.3, 1.0
+WHOLE_RUN_SECTION = "Whole runs against TorchRec"
+
+
+def whole_run_markdown(cases: list[dict], a) -> str:
+    rows = ["| model | ids | sharding | neocfg cycled | neocfg stream | TorchRec DMP | cycled / TorchRec | "
+            "stream / TorchRec | target |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for c in cases:
+        b = c["best_samples_per_s"]
+        target = TARGET_TW if c["sharding"] == "table_wise" else TARGET_RW
+        rows.append(f"| {c['model']} | {c['ids']} | {c['sharding']} | {b['neocfg_cycled']:,.0f} | "
+                    f"{b['neocfg_stream']:,.0f} | {b['torchrec']:,.0f} | {c['ratio_cycled']:.2f}x | "
+                    f"{c['ratio_stream']:.2f}x | >= {target}x |")
+    return "\n".join([
+        f"Each system as its own processes, as a user runs it: `neocfg mode=train` ({WORLD} gloo ranks) with "
+        f"`dsi.cycle_batches={BENCH_BATCHES}` (cycled) and with its default learnable stream (stream), and TorchRec "
+        f"DMP in its own {WORLD} processes cycling the same {BENCH_BATCHES} pre-generated batches per rank; same plan "
+        f"(every table {', '.join(sorted({c['sharding'] for c in cases}))}; TorchRec's EBC sharder, with row-wise on "
+        f"CPU), batch {a.batch} per rank, fused exact row-wise Adagrad, {a.whole_steps} steps of which the first "
+        f"{WARMUP} are not timed; interleaved, best of {a.repeats}; samples/s of the timed steps.", "", *rows])
+
+
+def whole_run(a) -> None:
+    cases = []
+    with tempfile.TemporaryDirectory() as tmpdir:
+        for model in a.models.split(","):
+            for ids in a.ids.split(","):
+                for sharding in a.sharding.split(","):
+                    c = whole_run_case(model, ids, sharding, a, Path(tmpdir))
+                    target = TARGET_TW if sharding == "table_wise" else TARGET_RW
+                    print(f"{model} {ids} {sharding}: neocfg (cycled) / TorchRec DMP {c['ratio_cycled']:.2f}x, "
+                          f"neocfg (stream) / TorchRec {c['ratio_stream']:.2f}x (target >= {target}x)",
+                          file=sys.stderr)
+                    cases.append(c)
+    if a.results:
+        record_results(WHOLE_RUN_SECTION, whole_run_markdown(cases, a))
+    emit({"bench": "neocfg_vs_torchrec_whole_runs", "world": WORLD, "batch_per_rank": a.batch,
+          "steps": a.whole_steps, "repeats": a.repeats, "cycled_batches": BENCH_BATCHES, "cases": cases}, a.out)
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--torchrec-run":
+        ensure_torchrec()
+        return torchrec_run(sys.argv[2])
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="tiny8,criteo")
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--steps", type=int, default=40, help="steps per system per repeat")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40, help="steps per system per repeat (in-process mode)")
+    ap.add_argument("--repeats", type=int, help="fresh runs of every system (default 3; whole runs: best of 2)")
     ap.add_argument("--no-own-plan", action="store_true", help="skip neocfg on its own (unforced) plan")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:OVERRIDES",
                     help="neocfg on the table-wise plan with extra space-separated Hydra overrides (repeatable)")
+    ap.add_argument("--whole-run", action="store_true",
+                    help="each system as its own processes (neocfg mode=train vs TorchRec DMP), see the docstring")
+    ap.add_argument("--ids", default="uniform,zipf", help="whole runs: id distributions")
+    ap.add_argument("--sharding", default="table_wise,row_wise", help="whole runs: sharding types")
+    ap.add_argument("--whole-steps", type=int, default=80, help="whole runs: steps per run")
+    ap.add_argument("--results", action="store_true", help="whole runs: write the table into bench/RESULTS.md")
     ap.add_argument("--out")
     a = ap.parse_args()
     ensure_torchrec()
+    if a.whole_run:
+        a.repeats = a.repeats or 2
+        return whole_run(a)
+    a.repeats = a.repeats or 3
     from neocfg.contract import load_or_make_plan
 
     results = {}

@@ -164,3 +164,43 @@ def test_prefetcher_prepares_every_batch_in_its_thread():
     stats = pre.stats()
     assert stats["batches_prepared"] == len(seen) and stats["data_prepare_seconds"] >= 0
     pre.close()
+
+
+def test_cycled_source_hands_out_the_streams_first_batches_in_a_cycle():
+    """dsi.cycle_batches=N: the first N batches of the rank's stream, generated once, then again in the same order
+    (TorchRec's RandomRecDataset num_generated_batches); nothing is generated after construction."""
+    stream = _source()
+    cycled = SyntheticSource(DATA, rank=1, world_size=2, batch_size=24, cycle=3)
+    first = [stream.next_batch() for _ in range(3)]
+    calls = []
+    cycled.data = type("Counting", (), {"batch": lambda self, *a: calls.append(a)})()
+    got = [cycled.next_batch() for _ in range(7)]
+    assert not calls
+    for i, b in enumerate(got):
+        want = first[i % 3]
+        assert (b.sample_ids == want.sample_ids).all() and (b.values == want.values).all()
+        assert (b.lengths == want.lengths).all() and (b.labels == want.labels).all()
+    assert len({int(b.sample_ids[0]) for b in got}) == 3
+    assert cycled.stats()["samples_delivered"] == 7 * 24
+    cycled.load_state_dict({"step": 4})   # resumes at its place in the cycle
+    assert (cycled.next_batch().sample_ids == first[1].sample_ids).all()
+
+
+def test_cycle_batches_is_checked_and_only_cycles_training():
+    from conftest import compose_cfg
+
+    from neocfg.data.source import make_source
+    from neocfg.errors import ConfigError
+
+    cfg = compose_cfg(["model=dlrm_tiny", "dsi.cycle_batches=2", "train.batch_size=16"])
+    train, held_out = make_source(cfg, 0, 2), make_source(cfg, 0, 2, eval=True)
+    ids = [int(train.next_batch().sample_ids[0]) for _ in range(4)]
+    assert ids == [0, 32, 0, 32]
+    held = [int(held_out.next_batch().sample_ids[0]) for _ in range(3)]
+    assert len(set(held)) == 3
+    for s in (train, held_out):
+        s.close()
+    with pytest.raises(ConfigError, match="dsi.cycle_batches"):
+        compose_cfg(["dsi.cycle_batches=-1"])
+    with pytest.raises(ConfigError, match="dsi.cycle_batches.*parquet"):
+        compose_cfg(["dsi=parquet_local", "dsi.path=/tmp/x", "dsi.cycle_batches=4"])

@@ -164,6 +164,9 @@ class DsiConfig:
     extra_columns: int = 8
     extra_column_bytes: int = 64
     seed: int = 1234
+    # Synthetic source only: 0 streams new samples every step (learnable); N > 0 generates each rank's first N batches
+    # once and cycles them (TorchRec's RandomRecDataset num_generated_batches): for timing the step alone.
+    cycle_batches: int = 0
     # Held-out samples written by mode=gen_data into their own file (eval-00000.parquet), read by eval sources.
     eval_samples: int = 8192
     # Generated raw data: fraction of dense values missing (null) and of rows without a label (null).
@@ -207,6 +210,11 @@ class DsiConfig:
         checks.non_negative(f"{key}.extra_columns", self.extra_columns)
         checks.non_negative(f"{key}.extra_column_bytes", self.extra_column_bytes)
         checks.positive(f"{key}.eval_samples", self.eval_samples)
+        checks.non_negative(f"{key}.cycle_batches", self.cycle_batches)
+        if self.cycle_batches and self.source is not DataSource.synthetic:
+            raise ConfigError(f"{key}.cycle_batches", self.cycle_batches,
+                              f"cycles pre-generated synthetic batches; dsi.source={self.source.value} streams its "
+                              f"dataset (set dsi.cycle_batches=0)")
         checks.in_range(f"{key}.missing_fraction", self.missing_fraction, 0.0, 1.0, hi_open=True)
         checks.in_range(f"{key}.unlabeled_fraction", self.unlabeled_fraction, 0.0, 1.0, hi_open=True)
         for i, t in enumerate(self.transforms):

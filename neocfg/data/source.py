@@ -37,20 +37,29 @@ class BatchSource(Protocol):
 class SyntheticSource:
     """Rank r's step s is samples [(s * world + r) * B, ... + B) of an epoch of `num_samples` distinct samples
     (dsi.num_samples; positions wrap around, so epoch e repeats epoch 0's samples in the same order; None: no end):
-    disjoint over ranks within an epoch, identical on every run."""
+    disjoint over ranks within an epoch, identical on every run.
+
+    cycle > 0 (dsi.cycle_batches): the first `cycle` of those batches are generated once, at construction, and
+    handed out in a cycle (TorchRec's RandomRecDataset with num_generated_batches): for measuring the step, with no
+    generation beside it; the model then sees only cycle x B x world distinct samples."""
 
     def __init__(self, data: SyntheticData, rank: int, world_size: int, batch_size: int, first_sample: int = 0,
-                 num_samples: Optional[int] = None):
+                 num_samples: Optional[int] = None, cycle: int = 0, pin_memory: bool = False):
         self.data, self.rank, self.world, self.batch_size = data, rank, world_size, batch_size
         self.first_sample, self.num_samples = first_sample, num_samples
         self.step = 0
         self.wait_s = 0.0
         self.delivered = 0
+        self.cycled = [self._generate(s) for s in range(cycle)]
+        if pin_memory:
+            self.cycled = [b.pin_memory() for b in self.cycled]
+
+    def _generate(self, step: int) -> Batch:
+        return self._samples((step * self.world + self.rank) * self.batch_size, self.batch_size)
 
     def next_batch(self) -> Batch:
         t0 = time.perf_counter()
-        start = (self.step * self.world + self.rank) * self.batch_size
-        batch = self._samples(start, self.batch_size)
+        batch = self.cycled[self.step % len(self.cycled)] if self.cycled else self._generate(self.step)
         self.step += 1
         self.delivered += self.batch_size
         self.wait_s += time.perf_counter() - t0
@@ -109,7 +118,7 @@ class Prefetcher:
 
     def _produce(self) -> tuple[Batch, dict[str, Any]]:
         batch = self.inner.next_batch()
-        if self.pin_memory:
+        if self.pin_memory and not batch.values.is_pinned():   # (a cycled batch is pinned once)
             batch = batch.pin_memory()
         if self.prepare is not None:
             t0 = time.perf_counter()
@@ -182,5 +191,7 @@ def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = F
     if epoch is not None and rank == 0 and b * world_size > epoch:
         print(f"warning: train.batch_size={b} x {world_size} ranks = {b * world_size:,} samples per step is more than"
               f" dsi.num_samples={epoch:,} (the synthetic epoch): every step repeats samples", flush=True)
-    return Prefetcher(SyntheticSource(data, rank, world_size, b, first_sample=first, num_samples=epoch),
-                      pin_memory=pin_memory)
+    inner = SyntheticSource(data, rank, world_size, b, first_sample=first, num_samples=epoch,
+                            cycle=0 if eval else d.cycle_batches,   # held-out samples are never cycled
+                            pin_memory=pin_memory)
+    return Prefetcher(inner, pin_memory=pin_memory)
