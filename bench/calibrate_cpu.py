@@ -607,6 +607,7 @@ def preset(res: dict) -> dict[str, float]:
         "device.dense_mfu": round(dense["criteo_kaggle"]["train_tflops"] / peak, 2),
         "device.kernel_overhead_us": round(statistics.mean(per_op)),
         "device.routing_us_per_step": round(tr["router_us_per_step"]),
+        "device.tbe_us_per_group": round(t["call_overhead_us_fwd_bwd"]),
         "device.routing_ns_per_id": round(tr["router_ns_per_id"], 1),
         "device.stream_bandwidth_gbs": round(consts.replica_update_passes * 4 / res["replica_update"]["per_element_ns"], 1),
         "host.synthetic_us_per_batch": round(tr["synthetic_fixed_us"]),

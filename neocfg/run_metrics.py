@@ -15,7 +15,7 @@ METRICS_FILE = "metrics.json"
 # The step breakdown's laps (neocfg.runtime.timing.StepTimes) in the order the summary prints them; the replicas'
 # laps (dp_update, comm_dp) only where a run has data-parallel tables.
 BREAKDOWN_ORDER = ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense", "dp_update", "comm_dp", "comm_bwd",
-                   "emb_bwd", "total")
+                   "emb_bwd", "prefetch", "total")
 REPLICA_LAPS = ("dp_update", "comm_dp")
 
 

@@ -192,6 +192,9 @@ def test_embedding_overhead_hand_computed():
     assert unset.comm == approx(4 * 0.1 + 12 * 0.01 + 40 * 0.01)
     # zero latency and kernel cost: nothing
     assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 1).total == 0.0
+    # a measured TBE call (cpu_local): its own time per group instead of 4 kernels' launches, half forward
+    timed = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.tbe_us_per_group=250"))
+    assert timed.embedding_overhead_ms([S.table_wise], 3).fwd_compute == approx(3 * 0.25 / 2)
 
 
 def test_data_parallel_all_reduce_latency(table):

@@ -114,3 +114,44 @@ def test_multi_node_preset_without_torchrun_says_how_to_launch(cli):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "torchrun --nnodes 2 --nproc-per-node 8" in lines[0] and "hardware=zionex_2node" in lines[0]
+
+
+def test_cpu_laps_leave_out_the_prefetch_threads_cpu_time():
+    """A watched helper thread's CPU time is taken out of the laps it overlapped and counted as the step's prefetch
+    lap; the step's total stays its wall time, so the laps add up to it."""
+    import threading
+    import time
+
+    stop = threading.Event()
+    started = threading.Event()
+
+    def spin():
+        started.set()
+        while not stop.is_set():
+            sum(range(2000))
+
+    helper = threading.Thread(target=spin, daemon=True)
+    helper.start()
+    started.wait()
+    sw = Stopwatch(torch.device("cpu"))
+    sw.watch_helper(helper.ident)
+    assert sw.watching
+    sw.times = StepTimes()
+    t0 = sw.now()
+    with sw("dense"):
+        x = 0
+        deadline = time.perf_counter() + 0.3
+        while time.perf_counter() < deadline:   # the main thread busy beside the helper, both wanting a core
+            x += 1
+    sw.span_step(t0, sw.now())
+    stop.set()
+    helper.join()
+    t = sw.times
+    assert t.total == pytest.approx(300, rel=0.2)
+    assert t.prefetch > 20                                   # the helper ran (the GIL alternates the two)
+    assert t.dense == pytest.approx(t.total - t.prefetch, abs=2.0)
+    unwatched = Stopwatch(torch.device("cpu"))
+    unwatched.times = StepTimes()
+    a = unwatched.now()
+    unwatched.span_step(a, unwatched.now())
+    assert unwatched.times.prefetch == 0.0 and not unwatched.watching

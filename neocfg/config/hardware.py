@@ -38,6 +38,10 @@ class DeviceConfig:
     # ... and per id the device receives (sort by destination, permutes, bincount), nanoseconds; 0 on the GPU presets
     # (passes at HBM speed, small next to the id all-to-all); cpu_local: measured (calibrate_cpu.py --only router).
     routing_ns_per_id: float = 0.0
+    # Host time of one fused lookup group's (TBE's) call per step beyond its bytes: forward, and backward with the fused
+    # optimizer, microseconds; unset: planner.costs.tbe_kernels_per_group x kernel_overhead_us (the GPU presets: their
+    # kernels' launches). cpu_local: measured (calibrate_cpu.py --only tbe, the fit's intercept).
+    tbe_us_per_group: Optional[float] = None
     # Streaming bandwidth of the device's memory for dense passes (a data-parallel replica's gradient and update,
     # neocfg/runtime/replicated.py), GB/s; unset: hbm_bandwidth_gbs. cpu_local: measured (--only replica_update).
     stream_bandwidth_gbs: Optional[float] = None
@@ -60,6 +64,8 @@ class DeviceConfig:
         if self.routing_us_per_step is not None:
             checks.non_negative(f"{key}.routing_us_per_step", self.routing_us_per_step)
         checks.non_negative(f"{key}.routing_ns_per_id", self.routing_ns_per_id)
+        if self.tbe_us_per_group is not None:
+            checks.non_negative(f"{key}.tbe_us_per_group", self.tbe_us_per_group)
         if self.stream_bandwidth_gbs is not None:
             checks.positive(f"{key}.stream_bandwidth_gbs", self.stream_bandwidth_gbs)
         if self.exchange_copy_gbs is not None:

@@ -6,6 +6,7 @@ checkpoint and resume from it, and counts the time the trainer waited on it (the
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
@@ -110,6 +111,10 @@ class Prefetcher:
         self.prepare: Optional[Callable[[Batch], Batch]] = None
         self.prepared = 0
         self.prepare_s = 0.0
+
+    def thread_ident(self) -> int:
+        """The prefetch thread's identifier (threading.get_ident in it); it starts the thread if none runs yet."""
+        return self.pool.submit(threading.get_ident).result()
 
     def prepare_with(self, fn: Callable[[Batch], Batch]) -> None:
         """Run fn(batch) -> batch in the prefetch thread on every batch produced after this call (call it before

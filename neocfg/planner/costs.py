@@ -93,6 +93,14 @@ def routing_us_per_step(cfg: NeocfgConfig) -> float:
     return cfg.planner.costs.router_kernels_per_step * dev.kernel_overhead_us
 
 
+def tbe_us_per_group(cfg: NeocfgConfig) -> float:
+    """One fused lookup group's fixed host time per step: the preset's measurement, else its kernels' launches."""
+    dev = cfg.hardware.device
+    if dev.tbe_us_per_group is not None:
+        return dev.tbe_us_per_group
+    return cfg.planner.costs.tbe_kernels_per_group * dev.kernel_overhead_us
+
+
 def data_ms(cfg: NeocfgConfig) -> float:
     """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
     devices: the ranks are the host's cores); 0 where the host has cores of its own or nothing is measured."""
@@ -127,6 +135,7 @@ class CostModel:
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
     routing_ms_per_step: float = 0.0     # host time of the id routing per step (IdRouter: constant ops)
     routing_ms_per_id: float = 0.0       # ... and per id received
+    tbe_ms_per_group: float = 0.0        # fixed host time of one fused lookup group (TBE) call, forward + backward
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
 
@@ -150,6 +159,7 @@ class CostModel:
             all_reduce_latency_ms=all_reduce_latency_us(cfg) / 1e3,
             kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
             routing_ms_per_step=routing_us_per_step(cfg) / 1e3, routing_ms_per_id=hw.device.routing_ns_per_id / 1e6,
+            tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3,
             exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
                                        else 0.0),
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB))
@@ -195,11 +205,11 @@ class CostModel:
         """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types, the device
         holding `groups` fused lookup groups (one TBE per weights precision x memory tier). Communication: the
         collectives' latency, the id routing (a constant number of ops per step: the IdRouter) and the output
-        exchange's kernels; compute: the kernels of each TBE call. No term grows with the number of table pieces."""
+        exchange's kernels; compute: each TBE call's fixed time (tbe_ms_per_group). No term grows with the number of table pieces."""
         c = self.consts
         alpha = self.collectives_latency_ms(shardings)
         exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_step
-        tbe = c.tbe_kernels_per_group * groups * self.kernel_overhead_ms
+        tbe = groups * self.tbe_ms_per_group
         # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward
         return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
                     bwd_comm=(alpha + exchange) / 3)

@@ -6,6 +6,11 @@ all overlap of copies, collectives and kernels. So on CUDA a mark is a CUDA even
 and laps are resolved later, from `Event.elapsed_time`, with one synchronize when the run reports (`resolve()`).
 `train.profile=true` synchronizes at every mark instead (exact attribution per category, no overlap): for
 profiling, not for throughput.
+
+A CPU rank shares its core with its data source's prefetch thread (batch production, and the ids exchange where it
+runs there). With that thread watched (`watch_helper`), a mark also reads the thread's own CPU clock, and every lap is
+the wall time less the CPU time the thread took meanwhile; that CPU time is the step's `prefetch` lap. So the laps
+partition the step: what overlaps is counted once, in the lap of the thread that did the work.
 """
 
 from __future__ import annotations
@@ -31,14 +36,29 @@ class StepTimes:
     dp_update: float = 0.0
     comm_dp: float = 0.0
     dense: float = 0.0
+    # CPU ranks: the prefetch thread's CPU time during the step (taken out of the laps above, see watch_helper)
+    prefetch: float = 0.0
     total: float = 0.0
 
     def add(self, name: str, ms: float) -> None:
         setattr(self, name, getattr(self, name) + ms)
 
 
-# A point in time: the host clock (seconds), or a CUDA event recorded on the current stream.
-Mark = Union[float, "torch.cuda.Event"]
+@dataclass(frozen=True)
+class HostMark:
+    """A point in time on a CPU rank: the host clock and the CPU time its watched helper thread had used (seconds)."""
+
+    wall: float
+    helper: float = 0.0
+
+    def __sub__(self, other: "HostMark") -> float:
+        """Seconds of this thread's own lap: the wall time between the marks less the helper's CPU time in it."""
+        return (self.wall - other.wall) - (self.helper - other.helper)
+
+
+# A point in time: the host clock (seconds, with the helper thread's CPU clock on a CPU rank), or a CUDA event
+# recorded on the current stream.
+Mark = Union[float, HostMark, "torch.cuda.Event"]
 
 
 @dataclass
@@ -75,6 +95,18 @@ class Stopwatch:
         self.times = StepTimes()
         # When the pooled-output gradient reached the fused TBEs in the last backward (set by the embeddings).
         self.grad_arrival: Optional[Mark] = None
+        self.host = device.type == "cpu"
+        self._helper_clock: Optional[int] = None
+
+    @property
+    def watching(self) -> bool:
+        return self._helper_clock is not None
+
+    def watch_helper(self, thread_ident: int) -> None:
+        """CPU ranks: take the CPU time of this thread (the data source's prefetch thread) out of every lap and count
+        it as the step's `prefetch` lap. A no-op where the platform has no per-thread CPU clocks."""
+        if self.host and hasattr(time, "pthread_getcpuclockid"):
+            self._helper_clock = time.pthread_getcpuclockid(thread_ident)
 
     @property
     def times(self) -> StepTimes:
@@ -98,6 +130,9 @@ class Stopwatch:
             return ev
         if self.sync:
             torch.cuda.synchronize()
+        if self.host:
+            wall = time.perf_counter()
+            return HostMark(wall, time.clock_gettime(self._helper_clock) if self._helper_clock is not None else 0.0)
         return time.perf_counter()
 
     def span(self, name: str, start: Mark, end: Mark) -> None:
@@ -105,6 +140,15 @@ class Stopwatch:
             self._pending[-1].laps.append((name, start, end))
         else:
             self._times.add(name, (end - start) * 1e3)
+
+    def span_step(self, start: Mark, end: Mark) -> None:
+        """The whole step: `total` its wall time, `prefetch` the watched helper's CPU time in it (CPU ranks; the
+        other laps are net of it, so they add up to the total)."""
+        if isinstance(start, HostMark) and isinstance(end, HostMark):
+            self._times.add("total", (end.wall - start.wall) * 1e3)
+            self._times.add("prefetch", (end.helper - start.helper) * 1e3)
+        else:
+            self.span("total", start, end)
 
     def subtract(self, name: str, *parts: str) -> None:
         """name -= the sum of parts (for a span that contains them), applied after this step's laps."""

@@ -120,6 +120,9 @@ class Trainer:
                                             pin_memory=device.type == "cuda")
         # train.ids_exchange (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
         # TorchRec's input dist, a batch ahead), overlapping the step; on a GPU they are routed on the device
+        helper = getattr(self.source, "thread_ident", None)
+        if helper is not None and device.type == "cpu":   # its CPU time is the step's prefetch lap
+            self.sw.watch_helper(helper())
         prepare_with = getattr(self.source, "prepare_with", None)
         self.ids_ahead = ahead_group is not None and prepare_with is not None
         if self.ids_ahead:
@@ -249,7 +252,7 @@ class Trainer:
         # the exchange's).
         sw.span("dense", t_dense, t_end)
         sw.subtract("dense", "comm_bwd", "emb_bwd", "dp_update", "comm_dp")
-        sw.span("total", t0, t_end)
+        sw.span_step(t0, t_end)
         return loss.detach(), sw.times
 
     @torch.no_grad()
@@ -367,8 +370,10 @@ class Trainer:
             "embedding_comm": TermMs(emb_comm_ms, breakdown["comm_input"] + breakdown["comm_fwd"]
                                      + breakdown["comm_bwd"] + breakdown["comm_dp"]),
             "dense": TermMs(self.plan.estimate.dense_ms, breakdown["dense"]),
-            # producing the batches (beside the step in the prefetch thread, or waited for)
-            "data": TermMs(self.plan.estimate.data_ms, produce_ms(data, breakdown, world, steps_run))}
+            # producing the batches: the prefetch thread's CPU time in the step where it was watched (CPU ranks),
+            # else its production time beside the step, or the wait for it
+            "data": TermMs(self.plan.estimate.data_ms, breakdown["prefetch"] if self.sw.watching
+                           else produce_ms(data, breakdown, world, steps_run))}
         if self.emb.replicated.tables:   # the data-parallel tables' backward, inside the embedding terms above
             terms |= {"dp_update": TermMs(self.plan.estimate.dp_update_ms, breakdown["dp_update"]),
                       "dp_all_reduce": TermMs(self.plan.estimate.dp_all_reduce_ms, breakdown["comm_dp"])}
