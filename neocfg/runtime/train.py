@@ -118,11 +118,11 @@ class Trainer:
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
                                             pin_memory=device.type == "cuda")
-        # train.ids_exchange (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
-        # TorchRec's input dist, a batch ahead), overlapping the step; on a GPU they are routed on the device
         helper = getattr(self.source, "thread_ident", None)
         if helper is not None and device.type == "cpu":   # its CPU time is the step's prefetch lap
             self.sw.watch_helper(helper())
+        # train.ids_exchange (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
+        # TorchRec's input dist, a batch ahead), overlapping the step; on a GPU they are routed on the device
         prepare_with = getattr(self.source, "prepare_with", None)
         self.ids_ahead = ahead_group is not None and prepare_with is not None
         if self.ids_ahead:
