@@ -59,9 +59,10 @@ def test_router_delivers_the_reference_bags(sharding, world, b, encoding, dtype)
                        "model.tables.6.num_embeddings=10"])
     sh = {t.name: s for t, s in zip(cfg.model.tables, MIX)} if sharding == "mix" else sharding
     plan = rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=b, sharding=sh)
-    if sharding == "mix":  # two TBE groups per rank: feature order is group by group, then table
+    if sharding == "mix":  # two TBE groups per rank: feature order is group by group, then table (DP stays fp32)
         plan = dataclasses.replace(plan, tables=tuple(
-            dataclasses.replace(t, weights_dtype=WeightsDtype.fp16) if i % 2 == 0 else t
+            dataclasses.replace(t, weights_dtype=WeightsDtype.fp16)
+            if i % 2 == 0 and t.sharding is not S.data_parallel else t
             for i, t in enumerate(plan.tables)))
     layouts = [build_layout(plan, cfg.model, r) for r in range(world)]
     routers = [IdRouter(lay, b, torch.device("cpu"), encoding, dtype) for lay in layouts]
