@@ -34,6 +34,9 @@ class TableConfig:
     weights_dtypes: Optional[List[WeightsDtype]] = None
     # Forced placement: the ranks the table's shards must go to (TW: one rank; CW/TWCW: one per slice).
     ranks: Optional[List[int]] = None
+    # Column-wise / table-column-wise slice counts it may be cut into (1: one slice of the whole width); None means
+    # the planner's (powers of two up to planner.max_column_slices, slices a multiple of 4 columns).
+    column_slices: Optional[List[int]] = None
 
     @property
     def alpha(self) -> float:
@@ -50,13 +53,15 @@ class TableConfig:
         checks.positive(f"{key}.pooling_factor", self.pooling_factor)
         if self.zipf_alpha is not None:
             checks.in_range(f"{key}.zipf_alpha", self.zipf_alpha, 0.0, 5.0)
-        for sub in ("sharding_types", "memory_tiers", "weights_dtypes", "ranks"):
+        for sub in ("sharding_types", "memory_tiers", "weights_dtypes", "ranks", "column_slices"):
             value = getattr(self, sub)
             if value is not None:
                 checks.non_empty(f"{key}.{sub}", value)
         if self.ranks is not None:
             for i, r in enumerate(self.ranks):
                 checks.non_negative(f"{key}.ranks.{i}", r)
+        for i, k in enumerate(self.column_slices or []):
+            checks.positive(f"{key}.column_slices.{i}", k)
 
 
 @dataclass

@@ -117,6 +117,12 @@ class PlannerConfig:
     sharding_types: List[ShardingType] = field(default_factory=lambda: list(ShardingType))
     memory_tiers: List[MemoryTier] = field(default_factory=lambda: list(MemoryTier))
     weights_dtypes: List[WeightsDtype] = field(default_factory=lambda: [WeightsDtype.fp32])
+    # Weight dtypes a data-parallel replica may be stored in: neocfg's runtime keeps replicas in fp32
+    # (runtime/replicated.py); a plan TorchRec's runtime executes may hold fp16 replicas (its DP tables keep their dtype).
+    replica_dtypes: List[WeightsDtype] = field(default_factory=lambda: [WeightsDtype.fp32])
+    # Bytes of the dense part's parameters and optimizer state on every device when measured elsewhere (the TorchRec
+    # interop measures the module); None: computed from the model's MLPs and train.dense_optimizer.
+    dense_resident_bytes: Optional[int] = None
     # Fraction of a UVM-cached table's rows held in the HBM cache.
     cache_ratio: float = 0.2
     # Precision of the embedding all-to-all, forward (pooled outputs) and backward (their gradients).
@@ -136,6 +142,9 @@ class PlannerConfig:
         checks.non_empty(f"{key}.sharding_types", self.sharding_types)
         checks.non_empty(f"{key}.memory_tiers", self.memory_tiers)
         checks.non_empty(f"{key}.weights_dtypes", self.weights_dtypes)
+        checks.non_empty(f"{key}.replica_dtypes", self.replica_dtypes)
+        if self.dense_resident_bytes is not None:
+            checks.non_negative(f"{key}.dense_resident_bytes", self.dense_resident_bytes)
         checks.in_range(f"{key}.cache_ratio", self.cache_ratio, 0.0, 1.0, lo_open=True)
         checks.positive(f"{key}.max_column_slices", self.max_column_slices)
         checks.non_negative(f"{key}.exact_max_variables", self.exact_max_variables)

@@ -345,4 +345,6 @@ def dense_cost(cfg: NeocfgConfig) -> DenseCost:
     perf = Perf(fwd_compute=fwd + kernels / 3, bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + kernels * 2 / 3,
                 bwd_comm=allreduce)
     resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
+    if cfg.planner.dense_resident_bytes is not None:
+        resident = cfg.planner.dense_resident_bytes
     return DenseCost(flops_per_sample=flops, parameters=params, perf=perf, resident_bytes=resident)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
@@ -52,10 +53,15 @@ def table_choices(cfg: NeocfgConfig, table: TableConfig) -> Choices:
 
 
 def slice_counts(cfg: NeocfgConfig, table: TableConfig, sharding: ShardingType) -> list[int]:
-    """Slice counts k >= 2 for which D/k is a multiple of 4 and k fits the world (CW) or one node (TWCW)."""
+    """Slice counts k >= 2 for which D/k is a multiple of 4 and k fits the world (CW) or one node (TWCW); the
+    table's own column_slices instead where given (1 is then allowed: one slice, the whole width)."""
     d = table.embedding_dim
     limit = min(SCHEMES[sharding].max_slices(cfg.hardware.num_devices, cfg.hardware.devices_per_node),
                 cfg.planner.max_column_slices)
+    if table.column_slices is not None:
+        ks = [len(table.ranks)] if table.ranks is not None else table.column_slices
+        wide = SCHEMES[sharding].max_slices(cfg.hardware.num_devices, cfg.hardware.devices_per_node)
+        return [k for k in ks if k == 1 or (k <= wide and (d // k) % COLUMN_ALIGN == 0 and d % k == 0)]
     if table.ranks is not None:
         ks = [len(table.ranks)]
     else:
@@ -96,6 +102,14 @@ def prune(options: list[ShardingOption], group_ms: float) -> list[ShardingOption
     return kept
 
 
+def stored_dtypes(cfg: NeocfgConfig, sharding: ShardingType) -> Optional[tuple[WeightsDtype, ...]]:
+    """The weight dtypes the sharding type's pieces may be stored in (None: any): the scheme's, but data-parallel
+    replicas as planner.replica_dtypes says (fp32 for neocfg's runtime; TorchRec's keeps a table's fp16)."""
+    if sharding is ShardingType.data_parallel:
+        return tuple(cfg.planner.replica_dtypes)
+    return SCHEMES[sharding].weights_dtypes
+
+
 def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[ShardingOption]:
     """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed."""
     table = cfg.model.tables[index]
@@ -105,10 +119,10 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
               for k in (slice_counts(cfg, table, s) if SCHEMES[s].sliced else [1])]
     if not shapes or not ch.tiers or not ch.dtypes:
         raise ConfigError(f"model.tables.{index}", table.name, _no_shape(cfg, table, ch))
-    stored = [SCHEMES[s].weights_dtypes for s, _ in shapes]
+    stored = [stored_dtypes(cfg, s) for s, _ in shapes]
     if all(d is not None and not set(ch.dtypes) & set(d) for d in stored):
         only = shapes[0][0]
-        allowed = SCHEMES[only].weights_dtypes or ()
+        allowed = stored_dtypes(cfg, only) or ()
         raise ConfigError(f"model.tables.{index}", table.name,
                           f"{only.value} is its only allowed sharding type and its pieces are stored in"
                           f" {[d.value for d in allowed]}, but its weight dtypes are {[d.value for d in ch.dtypes]}:"
@@ -124,7 +138,7 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
                 if scheme.memory_tiers is not None and tier not in scheme.memory_tiers:
                     continue
                 for dtype in ch.dtypes:
-                    if scheme.weights_dtypes is not None and dtype not in scheme.weights_dtypes:
+                    if stored_dtypes(cfg, sharding) is not None and dtype not in stored_dtypes(cfg, sharding):
                         continue
                     perf, storage = cost.piece(table, sharding, tier, dtype, k)
                     if not storage.fits(cost.capacity):

@@ -35,9 +35,10 @@ def verify(cost: CostModel, result: SolveResult) -> None:
                               f" host {int(loads.host[bad]):,} of {cost.capacity.host:,}); please report this plan")
 
 
-def plan_placement(cfg: NeocfgConfig) -> Plan:
-    """The plan without DPP sizing (what the benchmark times)."""
-    cost = CostModel.from_config(cfg)
+def plan_placement(cfg: NeocfgConfig, cost: CostModel | None = None) -> Plan:
+    """The plan without DPP sizing (what the benchmark times); `cost` replaces the config's cost model (the TorchRec
+    interop's, with TorchRec's per-option terms)."""
+    cost = cost if cost is not None else CostModel.from_config(cfg)
     result = solve(cfg, cost)
     verify(cost, result)
     return assemble(cfg, cost, dense_cost(cfg), result)

@@ -123,7 +123,9 @@ def row_block(num_rows: int, parts: int) -> int:
 
 def column_slices(dim: int, parts: int, align: int = FBGEMM_DIM_ALIGN) -> list[tuple[int, int]]:
     """(offset, count) of `parts` consecutive column slices, multiples of `align`, as even as possible (the first
-    slices get one more unit): 16 columns over 2 -> [8, 8]; over 3 -> [8, 4, 4]."""
+    slices get one more unit): 16 columns over 2 -> [8, 8]; over 3 -> [8, 4, 4]. One part is the whole width."""
+    if parts == 1:
+        return [(0, dim)]
     units = dim // align
     base, extra = divmod(units, parts)
     out, off = [], 0
