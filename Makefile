@@ -34,7 +34,7 @@ run: $(STAMP)
 
 # The whole suite, then (when no PYTEST_ARGS narrow it) the TorchRec interop tests in .venv-torchrec, where TorchRec
 # is installed (in .venv they are skipped, saying so). Targeted runs (PYTEST_ARGS set) need only .venv.
-TORCHREC_TESTS := tests/test_interop_torchrec.py tests/test_interop_criteo.py
+TORCHREC_TESTS := tests/test_interop_torchrec.py tests/test_interop_criteo.py tests/test_interop_torchrec_oracle.py
 
 test: $(STAMP) $(if $(strip $(PYTEST_ARGS)),,$(TR_STAMP))
 	$(PY) -m pytest -q $(PYTEST_ARGS)
