@@ -2,10 +2,14 @@
 with NeocfgShardingPlanner as the planner: TestSparseNN is planned by neocfg, wrapped in DistributedModelParallel
 on 2 gloo ranks, given one SGD step, and its predictions compared with the unsharded model's, for every sharding
 type TorchRec's CPU runtime runs (table-, column-, table-column-, row-wise, data-parallel), fp32 and fp16 tables,
-EmbeddingBagCollection (with weighted features) and EmbeddingCollection. The sharder of each case offers one
-sharding type and kernel, so the plan must take it; the plan each rank received is recorded and checked too.
+an EmbeddingBagCollection with weighted features beside it. The sharder of each case offers one sharding type and
+kernel, so the plan must take it; the plan each rank received is recorded and checked too.
 
-All 20 cases run in one pair of spawned ranks (TorchRec's import dominates a spawn); a case's failure is recorded
+EmbeddingCollection is not among the cases: TorchRec's oracle checks it with TestSequenceSparseNN, which the wheel
+does not ship, and the shipped TestSparseNN cannot run one (its forward fails on an EmbeddingCollection's output,
+`ebc.keys()[:]` on dict keys, with every planner); TorchRec's ShardedEmbeddingCollection has no table-column-wise.
+
+All 10 cases run in one pair of spawned ranks (TorchRec's import dominates a spawn); a case's failure is recorded
 and the next case runs. Skipped, saying why, where TorchRec is not installed (`make test` runs this file in
 .venv-torchrec)."""
 
@@ -31,7 +35,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from neocfg.runtime.launch import free_port  # noqa: E402
 
 WORLD = 2
-KINDS = ("embedding_bag_collection", "embedding_collection")
+KINDS = ("embedding_bag_collection",)
 SHARDINGS = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel")
 DTYPES = ("FP32", "FP16")
 CASES = [(k, s, d) for k in KINDS for s in SHARDINGS for d in DTYPES]
