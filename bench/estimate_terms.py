@@ -121,7 +121,8 @@ def rows_of(m: RunMetrics, floor: float, tolerance: float) -> list[dict]:
 def laps(m: RunMetrics) -> str:
     b = m.breakdown_ms
     return ", ".join(f"{k} {b[k]:.2f}" for k in ("data_wait", "comm_input", "emb_fwd", "comm_fwd", "dense",
-                                                  "comm_bwd", "emb_bwd", "dp_update", "comm_dp", "total") if k in b)
+                                                  "comm_bwd", "emb_bwd", "dp_update", "comm_dp", "prefetch", "total")
+                   if k in b)
 
 
 def markdown(results: list[dict]) -> str:
