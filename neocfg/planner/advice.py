@@ -3,9 +3,11 @@ to make the plan fit, and of each kind the smallest (fewest nodes, largest batch
 
 The planner's stages explain *why* a model does not fit (a table too large for a device, the cluster's total
 memory, the trainer's ingest limit); their own suggestions are first guesses. `plan_or_advise` keeps the reason,
-replaces the guesses with verified changes, and says so when no change it tries helps. Every candidate is planned
-for real with the greedy algorithm (a greedy placement that fits proves the change works; the ILP starts from the
-same greedy placement, so it finds one too).
+replaces the guesses with verified changes, and says so when no change it tries helps. Every count it gives has been
+planned for real by the configured planner (planner.algorithm, the ILP by default, at its own time limit and gap):
+the fewest nodes and the largest batch with which that planner fits, bisected. The greedy planner, seconds where the
+ILP may take its time limit, only narrows the search: a greedy plan is the ILP's warm start, so where greedy fits
+the ILP does too, and the ILP is bisected below greedy's count (it packs memory-tight models on fewer nodes).
 
 Long planning shows progress: `planning_progress` prints a line to stderr every PROGRESS_EVERY_S seconds while the
 planner runs (e.g. a long ILP inside a sweep, whose runs print nothing until they end).
@@ -30,9 +32,9 @@ from neocfg.types import MemoryTier, PlannerAlgorithm, ShardingType, WeightsDtyp
 
 # Seconds between progress lines while planning (NEOCFG_PROGRESS_EVERY_S overrides it, e.g. for tests).
 PROGRESS_EVERY_S = 10.0
-# Seconds spent verifying changes after a failed plan: every probe is a real (greedy) plan, which takes seconds on
-# an 856-table model; past this the message gives what has been verified so far and says that it stopped.
-ADVICE_BUDGET_S = 60.0
+# Seconds spent verifying changes after a failed plan: every probe is a real plan (an ILP probe may take
+# planner.time_limit_s); past this the message gives what has been verified so far and says that it stopped.
+ADVICE_BUDGET_S = 300.0
 # The planners' own suggestions, cut from their messages before the verified ones are appended.
 _SUGGESTION = re.compile(r";\s*(would fit with|no allowed setting makes it fit).*$")
 
@@ -50,11 +52,11 @@ def _greedy(cfg: NeocfgConfig) -> NeocfgConfig:
 
 
 def fits(cfg: NeocfgConfig) -> bool:
-    """Whether the planner finds a placement (and a DPP sizing) for cfg: a real plan, not an estimate."""
+    """Whether the configured planner finds a placement (and a DPP sizing) for cfg: a real plan, not an estimate."""
     from neocfg.planner import make_plan
 
     try:
-        make_plan(_greedy(cfg))
+        make_plan(cfg)
     except NeocfgError:
         return False
     return True
@@ -66,14 +68,31 @@ class _OutOfTime(Exception):
 
 @dataclass(frozen=True)
 class Prober:
-    """`fits` with a deadline: raises _OutOfTime once the advice budget is spent."""
+    """`fits` with a deadline (raises _OutOfTime once the advice budget is spent), and one line on stderr per probe
+    of the configured planner when `report` (what was tried, the verdict, how long it took)."""
 
     deadline: float
+    report: bool = False
 
-    def fits(self, cfg: NeocfgConfig) -> bool:
+    def _check(self) -> None:
         if time.perf_counter() > self.deadline:
             raise _OutOfTime
-        return fits(cfg)
+
+    def fits(self, cfg: NeocfgConfig, what: str = "") -> bool:
+        """The configured planner's verdict."""
+        self._check()
+        t0 = time.perf_counter()
+        ok = fits(cfg)
+        if self.report:
+            print(f"advice: {what or 'change'} {'fits' if ok else 'does not fit'} ({cfg.planner.algorithm.value},"
+                  f" {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        return ok
+
+    def greedy_fits(self, cfg: NeocfgConfig) -> bool:
+        """The greedy planner's verdict: where it fits, so does the configured planner (for the ILP, it is the
+        warm start)."""
+        self._check()
+        return fits(_greedy(cfg))
 
 
 def with_nodes(cfg: NeocfgConfig, nodes: int) -> NeocfgConfig:
@@ -88,31 +107,67 @@ def _with_planner(cfg: NeocfgConfig, **kw: object) -> NeocfgConfig:
     return dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, **kw))
 
 
-def _boundary(good: int, bad: int, ok: Callable[[int], bool]) -> int:
-    """Bisect between a value that works (`good`) and one that does not (`bad`): the last one that works."""
+def _bisect(good: int, bad: int, ok: Callable[[int], bool], checked: bool) -> Optional[int]:
+    """Bisect between a value that fits (`good`; verified by `ok` when `checked`, otherwise assumed) and one that does
+    not (`bad`, above or below it): the fitting value nearest `bad`, verified; None if `good` itself does not fit."""
     while abs(bad - good) > 1:
         mid = (good + bad) // 2
-        good, bad = (mid, bad) if ok(mid) else (good, mid)
-    return good
+        if ok(mid):
+            good, checked = mid, True
+        else:
+            bad = mid
+    return good if checked or ok(good) else None
 
 
-def smallest_nodes(cfg: NeocfgConfig, probe: Prober) -> Optional[int]:
-    """Fewest nodes (more than now, at most MAX_NODES) with which cfg fits: doubling, then bisection; the
-    answer itself has been planned."""
-    n = lo = cfg.hardware.nodes
+def _doubling(start: int, ok: Callable[[int], bool]) -> Optional[tuple[int, int]]:
+    """From `start` (which does not fit), double up to MAX_NODES: (the last that did not fit, the first that fits)."""
+    lo = n = start
     while n < MAX_NODES:
         n = min(MAX_NODES, n * 2)
-        if probe.fits(with_nodes(cfg, n)):
-            return _boundary(n, lo, lambda m: probe.fits(with_nodes(cfg, m)))
+        if ok(n):
+            return lo, n
         lo = n
     return None
 
 
-def largest_batch(cfg: NeocfgConfig, probe: Prober) -> Optional[int]:
-    """Largest train.batch_size (below the current one) with which cfg fits; None if not even 1 does."""
-    if not probe.fits(with_batch(cfg, 1)):
+def smallest_nodes(cfg: NeocfgConfig, probe: Prober) -> Optional[int]:
+    """Fewest nodes (more than now, at most MAX_NODES) with which the configured planner fits cfg, that count planned
+    by it: greedy (doubling, then bisection) gives a count that fits, the configured planner is bisected below it."""
+    def planner(n: int) -> bool:
+        return probe.fits(with_nodes(cfg, n), f"hardware.nodes={n}")
+
+    greedy_only = cfg.planner.algorithm is PlannerAlgorithm.greedy
+    bracket = _doubling(cfg.hardware.nodes, lambda n: probe.greedy_fits(with_nodes(cfg, n)))
+    if bracket is not None:
+        lo, hi = bracket
+        g = _bisect(hi, lo, lambda n: probe.greedy_fits(with_nodes(cfg, n)), checked=True)
+        if greedy_only or g is None:
+            return g
+        found = _bisect(g, cfg.hardware.nodes, planner, checked=False)
+        if found is not None:
+            return found
+        start = g      # greedy fits at g but the planner's plan does not (its DPP sizing): search above
+    elif greedy_only:
         return None
-    return _boundary(1, cfg.train.batch_size, lambda b: probe.fits(with_batch(cfg, b)))
+    else:
+        start = cfg.hardware.nodes
+    bracket = _doubling(start, planner)
+    return None if bracket is None else _bisect(bracket[1], bracket[0], planner, checked=True)
+
+
+def largest_batch(cfg: NeocfgConfig, probe: Prober) -> Optional[int]:
+    """Largest train.batch_size (below the current one) with which the configured planner fits cfg, planned by it;
+    None if not even 1 does. Greedy's largest batch fits the planner too: it is bisected above it."""
+    def planner(b: int) -> bool:
+        return probe.fits(with_batch(cfg, b), f"train.batch_size={b:,}")
+
+    if not probe.greedy_fits(with_batch(cfg, 1)):
+        return None
+    g = _bisect(1, cfg.train.batch_size, lambda b: probe.greedy_fits(with_batch(cfg, b)), checked=True)
+    if cfg.planner.algorithm is PlannerAlgorithm.greedy or g is None:
+        return g
+    found = _bisect(g, cfg.train.batch_size, planner, checked=False)
+    return found if found is not None else _bisect(1, g, planner, checked=False)
 
 
 def _fp16(cfg: NeocfgConfig) -> Optional[Change]:
@@ -142,7 +197,7 @@ def verified_changes(cfg: NeocfgConfig, probe: Prober) -> tuple[list[str], bool]
     found: list[str] = []
     try:
         for change in (c for c in (_fp16(cfg), *_unrestricted(cfg)) if c is not None):
-            if probe.fits(change.cfg):
+            if probe.fits(change.cfg, change.text):
                 found.append(change.text)
         nodes = smallest_nodes(cfg, probe)
         if nodes is not None:
@@ -163,7 +218,7 @@ def verified_changes(cfg: NeocfgConfig, probe: Prober) -> tuple[list[str], bool]
 def advise(cfg: NeocfgConfig, exc: InfeasibleError, budget_s: float = ADVICE_BUDGET_S) -> InfeasibleError:
     """The planner's reason with verified changes in place of its guesses."""
     reason = _SUGGESTION.sub("", str(exc))
-    probe = Prober(time.perf_counter() + budget_s)
+    probe = Prober(time.perf_counter() + budget_s, report=True)
     with planning_progress(cfg, "checking which changes make it fit"):
         found, batch_bound = verified_changes(cfg, probe)
     stopped = time.perf_counter() > probe.deadline
