@@ -98,3 +98,25 @@ def test_prod_856_advice_asks_for_the_nodes_the_ilp_plans(cli):
     assert not _plans(with_nodes(cfg, nodes - 1))
     greedy = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, algorithm=PlannerAlgorithm.greedy))
     assert not _plans(with_nodes(greedy, nodes))   # the case greedy probes got wrong
+
+
+# A model of six large tables (64 columns, 0.1-0.8 GiB each in fp32) on nodes of 2 devices with 1 GiB of HBM and
+# 0.75 GiB of host DDR each: memory decides the node count, and the pieces are large enough to pack badly.
+OWN_TABLES = [("big", 3_000_000), ("b2", 2_600_000), ("b3", 2_100_000), ("m1", 1_500_000), ("m2", 1_100_000),
+              ("s1", 400_000)]
+OWN = ["hardware=zionex_1node", "hardware.devices_per_node=2", "hardware.device.hbm_gib=1", "hardware.host.ddr_gib=1.5",
+       "planner.time_limit_s=10", "model.bottom_mlp=[128,64]",
+       "model.tables=[" + ",".join(f"{{name:{n},num_embeddings:{r},embedding_dim:64,pooling_factor:8}}"
+                                   for n, r in OWN_TABLES) + "]"]
+
+
+def test_own_model_advice_is_the_smallest_count_the_ilp_plans(cli):
+    r = cli("mode=plan", *OWN)
+    assert r.returncode != 0 and "does not fit" in r.stderr, r.stderr
+    nodes = _advised_nodes(r.stderr)
+    cfg = compose_cfg(OWN)
+    assert nodes > cfg.hardware.nodes
+    assert _plans(with_nodes(cfg, nodes))
+    assert not _plans(with_nodes(cfg, nodes - 1))
+    r = cli("mode=plan", *OWN, f"hardware.nodes={nodes}")   # the advice works as written
+    assert r.returncode == 0, r.stderr

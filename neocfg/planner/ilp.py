@@ -9,7 +9,8 @@ bound, first as its LP relaxation (seconds, where the MIP on thousands of tables
 solution is mostly integral: each table's option of the largest value is kept), then as the MIP if the gap is still
 open; each choice is placed largest first (by work, and by memory) onto the least-loaded devices and improved by
 moves and swaps (improve.py). The greedy plan warm-starts the models and is kept when no other plan is better
-(placement_source says which was kept). Both models carry the fixed costs (fixed.py), so the reported bound, the
+(placement_source says which was kept). While the best plan is not within planner.mip_gap of the bound, the time left
+goes to switching the options of the busiest device's tables in each plan found (switch_options). Both models carry the fixed costs (fixed.py), so the reported bound, the
 larger of the solvers' and the combinatorial bounds (bounds.py), holds for every plan of the enumerated options; the
 gap is that of the step time (dense part included).
 """
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+import numpy as np
+
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
 from neocfg.planner.bounds import lower_bound
@@ -31,6 +34,7 @@ from neocfg.planner.ilp_aggregate import AggregateModel
 from neocfg.planner.ilp_flat import solve_flat
 from neocfg.planner.ilp_problem import MIN_SOLVE_S, IlpProblem, Options, run_model
 from neocfg.planner.improve import improve
+from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import (Placement, PlacementSource, ShardingOption, SolveResult, Spread, Storage,
                                   Topology)
 
@@ -52,6 +56,9 @@ PLACEMENT_RESERVE = 1.0
 AGGREGATE_GAP_SHARE = 0.1
 # Share of planner.time_limit_s the aggregated MIP may take before the exact model on small instances.
 AGGREGATE_SHARE = 0.25
+# switch_options keeps a change of option only when it lowers the makespan by at least this share (float noise, and
+# no endless run of negligible gains on thousands of tables).
+SWITCH_MIN_GAIN = 1e-6
 
 
 def placement_variables(topo: Topology, options: Options) -> int:
@@ -179,6 +186,37 @@ def warm_start(p: IlpProblem) -> Optional[list[Placement]]:
     return min(found, key=p.makespan) if found else None
 
 
+def switch_options(p: IlpProblem, plan: Sequence[Placement], bound: float, deadline: float) -> list[Placement]:
+    """Local search over the option choice: for each table with a piece on the busiest device (fixed costs included),
+    each other option of it put on the least-loaded devices with room, the rest of the plan kept and improved by moves
+    and swaps (improve.py); the first change that lowers the makespan is kept, until none does, the plan is within
+    planner.mip_gap of `bound`, or the deadline. (The aggregate's choice placed as it is can be far from its own bound:
+    a table whose chosen pieces land on loaded devices is better sliced otherwise.)"""
+    best, best_ms = list(plan), p.makespan(plan)
+    improved = True
+    while improved and time.perf_counter() < deadline and gap_of(p, best_ms, bound) > p.gap:
+        improved = False
+        loads = DeviceLoads.of(p.topo, p.capacity, best)
+        busiest = int(np.argmax(loads.time + p.fixed.device_times(p.topo, best)))
+        for t, pl in ((t, pl) for t, pl in enumerate(best) if busiest in pl.ranks and pl.option.fixed_ranks is None):
+            for o in p.options[t]:
+                if o is pl.option or time.perf_counter() > deadline:
+                    continue
+                loads.add(pl, sign=-1)
+                ranks = loads.best_ranks(o)
+                loads.add(pl)
+                if ranks is None:
+                    continue
+                trial = improve(p.topo, p.capacity, [*best[:t], Placement(o, ranks), *best[t + 1:]])
+                ms = p.makespan(trial)
+                if ms < best_ms * (1 - SWITCH_MIN_GAIN):
+                    best, best_ms, improved = trial, ms, True
+                    break
+            if improved:
+                break
+    return best
+
+
 def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResult:
     t0 = time.perf_counter()
     pl = cfg.planner
@@ -218,9 +256,13 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     # the warm start first: it is kept unless another plan is strictly better
     if not candidates:
         raise InfeasibleError(_no_placement(cfg, p, status))
+    bound = max(bound if bound != float("inf") else 0.0, p.known_bound_ms)
+    if gap_of(p, min(p.makespan(c) for c, _ in candidates), bound) > p.gap:
+        # the time left on switching options of the busiest device, from each plan found (best first)
+        for plan, source in sorted(candidates, key=lambda cs: p.makespan(cs[0])):
+            candidates.append((switch_options(p, plan, bound, t0 + pl.time_limit_s), source))
     best, source = min(candidates, key=lambda cs: p.makespan(cs[0]))
     makespan = p.makespan(best)
-    bound = max(bound if bound != float("inf") else 0.0, p.known_bound_ms)
     gap = gap_of(p, makespan, bound)
     final = ("optimal" if gap <= OPTIMAL_GAP else "within_gap" if gap <= pl.mip_gap
              else "time_limit" if status == "feasible" else "feasible")
