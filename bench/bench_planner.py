@@ -254,8 +254,8 @@ def record(cases: list[Case]) -> None:
                      f"{i.seconds:.1f}", held)
             rows[cells[:4]] = "| " + " | ".join(cells) + " |"
     body = ["Gap: (plan - bound) / plan of the step time; the bound holds for every plan of the enumerated options. "
-            "Time limit: planner.time_limit_s unless the command sets --time-limit. Rows come from the runs listed "
-            "as the command (the last one) and earlier ones of the same bench.", "",
+            "Time limit: planner.time_limit_s unless the command sets --time-limit. The command is the last run's; "
+            "rows of earlier runs of this bench (other models, hardware or device counts) are kept.", "",
             "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
     body += [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1], int(k[2]), k[3]))]
     record_results(RESULTS_SECTION, "\n".join(body))

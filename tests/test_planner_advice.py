@@ -100,10 +100,10 @@ def test_prod_856_advice_asks_for_the_nodes_the_ilp_plans(cli):
     assert not _plans(with_nodes(greedy, nodes))   # the case greedy probes got wrong
 
 
-# A model of six large tables (64 columns, 0.1-0.8 GiB each in fp32) on nodes of 2 devices with 1 GiB of HBM and
+# A model of six large tables (64 columns, 0.1-0.9 GiB each in fp32) on nodes of 2 devices with 1 GiB of HBM and
 # 0.75 GiB of host DDR each: memory decides the node count, and the pieces are large enough to pack badly.
-OWN_TABLES = [("big", 3_000_000), ("b2", 2_600_000), ("b3", 2_100_000), ("m1", 1_500_000), ("m2", 1_100_000),
-              ("s1", 400_000)]
+OWN_TABLES = [("big", 3_750_000), ("b2", 3_250_000), ("b3", 2_625_000), ("m1", 1_875_000), ("m2", 1_375_000),
+              ("s1", 500_000)]
 OWN = ["hardware=zionex_1node", "hardware.devices_per_node=2", "hardware.device.hbm_gib=1", "hardware.host.ddr_gib=1.5",
        "planner.time_limit_s=10", "model.bottom_mlp=[128,64]",
        "model.tables=[" + ",".join(f"{{name:{n},num_embeddings:{r},embedding_dim:64,pooling_factor:8}}"
