@@ -120,15 +120,21 @@ def test_resume_needs_checkpoint_dir(cli):
     assert r.returncode == 2 and "train.checkpoint_dir" in r.stderr
 
 
-def test_under_torchrun(tmp_path):
-    """torchrun starts the processes; neocfg joins its group and rank 0's plan is the one trained."""
+@pytest.mark.parametrize("hardware", [[], ["hardware=zionex_1node", "hardware.devices_per_node=2"]])
+def test_under_torchrun(tmp_path, hardware):
+    """torchrun starts the processes; neocfg joins its group and rank 0's plan is the one trained. A GPU (nccl)
+    preset on a machine without CUDA trains on gloo CPU ranks."""
     import subprocess
     import sys
 
+    import torch
+
+    if hardware and torch.cuda.is_available():
+        pytest.skip("the gloo fallback is for machines without CUDA")
     plan = _plan_file(tmp_path, MIXED)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "neocfg",
-                        *COMMON, f"planner.plan_file={plan}"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300)
+                        *COMMON, *hardware, f"planner.plan_file={plan}"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     # fbgemm's ~50 INFO lines per process (through the root logger Hydra sets to INFO) are filtered out
     assert "Successfully loaded" not in r.stdout + r.stderr and "TBE=" not in r.stdout + r.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -48,6 +49,32 @@ class Comm:
         out = piece.new_empty((self.world * piece.shape[0], *piece.shape[1:]))
         dist.all_gather_single(out, piece.contiguous(), group=self.group)
         return out.view(self.world, *piece.shape)
+
+
+class Purpose(enum.Enum):
+    """What a process group of its own carries (collectives of different purposes may be in flight at once, each
+    must pair up with the same purpose on every rank, so none shares a group with another)."""
+
+    exchange = enum.auto()    # the embeddings' output exchange (forward and backward), losses, checkpoints
+    ids = enum.auto()         # the step's id all-to-alls (the pipelined step's are in flight beside the exchange)
+    ids_ahead = enum.auto()   # ids exchanged in the data source's prefetch thread
+    replicas = enum.auto()    # the data-parallel tables' gradient all-reduce
+
+
+_groups: dict[Purpose, object] = {}
+_groups_world: list[object] = [None]   # the default group they were made in
+
+
+def purpose_group(purpose: Purpose, timeout: datetime.timedelta) -> object:
+    """The process group of `purpose` over every rank: created at its first use in this process's default group
+    and reused after (each is an NCCL communicator on GPUs; a second Trainer in the same group makes none).
+    Collective the first time: every rank asks for the same purposes in the same order."""
+    if _groups_world[0] is not dist.group.WORLD:   # a new default group: the old groups went with the old one
+        _groups.clear()
+        _groups_world[0] = dist.group.WORLD
+    if purpose not in _groups:
+        _groups[purpose] = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+    return _groups[purpose]
 
 
 # ---------------------------------------------------------------- pooled outputs: owners -> source ranks

@@ -1,6 +1,8 @@
 """Starting ranks. On cpu_local, neocfg spawns hardware.devices_per_node local processes joined by a gloo group on a
 free localhost port; under torchrun (RANK and WORLD_SIZE in the environment) it joins the launcher's group (NCCL on
-CUDA), so the same command scales out with torch.distributed's own launcher.
+CUDA; gloo where the machine has no CUDA, e.g. a GPU preset's ranks on CPUs), so the same command scales out with
+torch.distributed's own launcher. A GPU rank makes its device current before it creates its process group, and binds
+the group to it (device_id).
 
 A rank that raises a NeocfgError reports its one-line message (any other exception: its type and message); a rank
 that dies makes the launcher stop the others and fail (exit non-zero) instead of leaving them blocked in a
@@ -74,10 +76,23 @@ def free_port() -> int:
 
 
 def _device(backend: Backend, local_rank: int) -> torch.device:
+    """This rank's device, made current (before its process group exists: NCCL binds the group to it)."""
     if backend is Backend.nccl:
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
+
+
+def effective_backend(backend: Backend) -> Backend:
+    """The hardware's backend, or gloo on a machine without CUDA (a GPU preset's ranks under torchrun on CPUs)."""
+    return Backend.gloo if backend is Backend.nccl and not torch.cuda.is_available() else backend
+
+
+def init_group(backend: Backend, device: torch.device, timeout_s: float, **kwargs: Any) -> None:
+    """The default process group, bound to this rank's device where it is a GPU (device_id: NCCL connects
+    eagerly to it instead of guessing the device at the first collective)."""
+    dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None, **kwargs)
 
 
 def _threads_per_rank(local_world: int) -> int:
@@ -152,9 +167,10 @@ def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s:
 
     tqdm.set_lock(threading.RLock())
     try:
-        dist.init_process_group(backend.value, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
-                                world_size=world, timeout=datetime.timedelta(seconds=timeout_s))
-        env = RankEnv(local_rank, world, local_rank, _device(backend, local_rank))
+        device = _device(backend, local_rank)
+        init_group(backend, device, timeout_s, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
+                   world_size=world)
+        env = RankEnv(local_rank, world, local_rank, device)
         out = fn(env, *args)
         _report(results, local_rank, "ok", out)
         dist.destroy_process_group()
@@ -235,11 +251,12 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
     if under_torchrun():
         rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local = int(os.environ.get("LOCAL_RANK", rank))
-        backend = Backend.nccl if torch.cuda.is_available() and backend is Backend.nccl else backend
+        backend = effective_backend(backend)
         quiet_library_logs()
-        dist.init_process_group(backend.value, timeout=datetime.timedelta(seconds=timeout_s))
+        device = _device(backend, local)
+        init_group(backend, device, timeout_s)
         try:
-            return [fn(RankEnv(rank, size, local, _device(backend, local)), *args)]
+            return [fn(RankEnv(rank, size, local, device), *args)]
         finally:
             dist.destroy_process_group()
     ctx = mp.get_context("spawn")

@@ -23,13 +23,18 @@ Per step:
   sender    (codes: one sort of the row-sharded ids), then one fbgemm permute_1D_sparse_data of segments
             [batch lengths | row-sharded lengths or piece counts | batch ids | row-sharded ids | codes | headers]
             into the payload, destination by destination: [header | lengths | ids in its TBE order | codes].
-  exchange  one all-to-all of the per-destination counts (the one host sync: the split sizes), then one of the
-            payloads. The pipelined step (send(then=...)) skips the first: every payload's header carries the
-            next batch's counts for its destination (HEADER elements), so the receiver knows the next payload's
-            split sizes when this one arrives: one all-to-all per step instead of two.
+  exchange  one all-to-all of the per-destination counts (the one host sync: the split sizes, and the ids of each
+            of the destination's TBE groups when it has several), then one of the payloads. The pipelined step
+            (send(then=...)) skips the first: every payload's header carries the next batch's counts for its
+            destination (IdRouter.header elements), so the receiver knows the next payload's split sizes when this
+            one arrives: one all-to-all per step instead of two.
   receiver  one gather of every source's lengths, one permute of the id segments from (source, feature) to
-            (feature, source) order, which is the TBE's input order; codes: one bincount for the row-sharded
-            bags; one cumsum for the offsets.
+            (feature, source) order, which is the TBE's input order; codes: one scatter-add counting the
+            row-sharded bags; one cumsum for the offsets.
+
+Nothing in a step waits on the device except that one host sync (a GPU-ready step): counts are scatter-adds into
+fixed sizes (torch.bincount would read the maximum back), the receiver's permute is told its output size (the
+received elements), and the TBE groups' id counts ride in the counts exchange.
 
 Ids keep their order inside every bag (stable permutes, sorts and bucketizing), so pooled sums add in the
 unsharded order.
@@ -63,7 +68,8 @@ LENGTH_ENTRIES_PER_ID = 3.0
 # Values below this travel as int32 (id_dtype): offsets of the ids of one step too must fit (2^31 - 1 ids).
 ID32_LIMIT = 2**31 - 1
 # Elements at the front of every destination's payload: the next batch's (ids, codes) counts for that destination
-# when the pipelined step sends them (send(then=...)), else zeros.
+# when the pipelined step sends them (send(then=...)), else zeros; then, where some rank has several TBE groups, the
+# ids of each of its groups (IdRouter.header = HEADER + groups).
 HEADER = 2
 
 
@@ -102,6 +108,7 @@ class PendingIds:
     work: object                 # the async all-to-all's handle
     payload: torch.Tensor        # kept alive until the all-to-all is done
     carries_next: bool = False   # the headers hold the next batch's counts (every rank sends alike)
+    group_ids: Optional[list[int]] = None   # ids of each of this rank's TBE groups (from the host sync)
 
 
 @dataclass
@@ -116,10 +123,18 @@ class Exchanged:
 @dataclass
 class Routed:
     """A step's ids on their way: the payload for every destination (destination-major) and its per-destination
-    counts [world, 2] = (ids, codes)."""
+    counts [world, header] = (ids, codes, then the ids of each of the destination's TBE groups where some rank has
+    several)."""
 
     payload: torch.Tensor
     counts: torch.Tensor
+
+
+def _count(index: torch.Tensor, n: int) -> torch.Tensor:
+    """How often each of 0..n-1 occurs in `index` (int64 [n]): torch.bincount(index, minlength=n) without reading
+    the maximum back to the host (a scatter-add into n bins)."""
+    return torch.zeros(n, dtype=torch.long, device=index.device).index_add_(
+        0, index.long(), torch.ones(1, dtype=torch.long, device=index.device).expand(index.numel()))
 
 
 def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -201,7 +216,11 @@ class IdRouter:
         seg_rwv = seg_ids + n_wt
         seg_codes = seg_rwv + n_rwl
         seg_header = seg_codes + (world if codes else 0)
+        # TBE groups of the rank that has most: where several, the counts carry each group's ids (see below)
+        self.n_groups = max(len(r.groups) for r in layout.ranks)
+        self.header = HEADER + (self.n_groups if self.n_groups > 1 else 0)
         perm, perm_dest, head = [], [], []
+        perm_first, len_segs, key_segs = [], [], []        # per destination: its first segment, lengths, counts
         code_key = [0] * n_pieces          # piece -> its place among held pieces, destination-major
         code_base = [0] * n_pieces         # piece -> bag code base (its feature at the destination, this source)
         key_piece, key_dest = [], []
@@ -220,25 +239,42 @@ class IdRouter:
                 key_dest.append(d)
                 if not codes:
                     lens.append(seg_rwl + p)
-            if codes:   # header, whole lengths, the destination's piece counts (segments of one), ids, codes
-                d_segs = [seg_header + d] + lens + keys + ids + [seg_codes + d]
-                head.append(HEADER + len(lens) * b + len(keys))
-            else:
-                d_segs = [seg_header + d] + lens + ids
-                head.append(HEADER + len(lens) * b)
+            if not codes:
+                keys = []
+            # header, lengths, (codes: the destination's piece counts, segments of one), ids, (codes: codes)
+            d_segs = [seg_header + d] + lens + keys + ids + ([seg_codes + d] if codes else [])
+            head.append(self.header + len(lens) * b + len(keys))
+            perm_first.append(len(perm))
+            len_segs.append(len(lens))
+            key_segs.append(len(keys))
             perm += d_segs
             perm_dest += [d] * len(d_segs)
         self.payload_perm = torch.tensor(perm, dtype=torch.int32, device=device)
+        # every segment sent once (no CW table's lengths to several slices, none left out): the payload is as long
+        # as its sources, known without reading the lengths back
+        self.payload_whole = sorted(perm) == list(range(seg_header + world))
         self.perm_dest = torch.tensor(perm_dest, **lt)
         self.head = torch.tensor(head, **lt)                  # static payload head per destination (header included)
-        self.header_segs = torch.full((world,), HEADER, **lt)
-        self.header_pos = torch.arange(HEADER, **lt).repeat(world)
+        self.header_segs = torch.full((world,), self.header, **lt)
+        self.header_pos = torch.arange(self.header, **lt).repeat(world)
         self.code_key = torch.tensor(code_key, dtype=torch.int16 if len(key_piece) < 2**15 else torch.int32,
                                      device=device)
         self.code_base = torch.tensor(code_base, dtype=self.dtype, device=device)
         self.key_piece = torch.tensor(key_piece, **lt)
         self.key_dest = torch.tensor(key_dest, **lt)
         self.n_pieces = n_pieces
+        # ---- ids per (destination, TBE group), when some rank has several groups: the payload segments of ids
+        # (id_seg, in payload order) summed into bins destination x group (id_bin)
+        id_seg, id_bin = [], []
+        if self.n_groups > 1:
+            for d, r in enumerate(layout.ranks):
+                group_of = [g for g, (_, shards) in enumerate(r.groups) for _ in shards]
+                first = perm_first[d] + 1 + len_segs[d] + key_segs[d]     # past the header, lengths and counts
+                for f in range(len(r.features)):
+                    id_seg.append(first + f)
+                    id_bin.append(d * self.n_groups + group_of[f])
+        self.id_seg = torch.tensor(id_seg, **lt)
+        self.id_bin = torch.tensor(id_bin, **lt)
         self.lengths_segs = torch.full((n_tables,), b, **lt)
         self.rwl_segs = torch.full((n_rwl,), 1 if codes else b, **lt)
         # ---- receiver: per source [head (header first) | ids of feature 0 | ... | ids of feature F-1 | codes]
@@ -294,7 +330,7 @@ class IdRouter:
                 order = torch.sort(key, stable=True)[1]
                 rw_ids = (vr - bucket * blk).index_select(0, order)
                 codes = (self.code_base.index_select(0, piece) + sample.to(dt)).index_select(0, order)
-                piece_n = torch.bincount(piece, minlength=self.n_pieces)       # ids per piece
+                piece_n = _count(piece, self.n_pieces)                         # ids per piece
                 counts = piece_n.index_select(0, self.key_piece)               # ... per held piece, by destination
                 n_codes = totals.new_zeros(self.world).index_add_(0, self.key_dest, counts)
                 src = [counts.to(dt), rw_ids, codes]
@@ -305,27 +341,36 @@ class IdRouter:
         if self.has_whole:   # [whole lengths | row-sharded lengths or counts | batch ids | row-sharded ids | codes]
             src = [lengths.reshape(-1), *src[:1], values, *src[1:]]
             sizes = [self.lengths_segs, *sizes[:1], totals, *sizes[1:]]
-        src.append(values.new_zeros(self.world * HEADER))      # the headers (send() may fill them)
+        src.append(values.new_zeros(self.world * self.header))      # the headers (send() may fill them)
         sizes.append(self.header_segs)
-        plen, payload = _permute_1d(self.payload_perm, torch.cat(sizes), torch.cat(src), None, None)[:2]
+        src = torch.cat(src)
+        plen, payload = _permute_1d(self.payload_perm, torch.cat(sizes), src, None,
+                                    src.numel() if self.payload_whole else None)[:2]
         total = totals.new_zeros(self.world).index_add_(0, self.perm_dest, plen)
-        return Routed(payload, torch.stack([total - self.head - n_codes, n_codes], dim=1))
+        counts = [(total - self.head - n_codes).view(-1, 1), n_codes.view(-1, 1)]
+        if self.n_groups > 1:
+            per_group = totals.new_zeros(self.world * self.n_groups).index_add_(
+                0, self.id_bin, plen.index_select(0, self.id_seg))
+            counts.append(per_group.view(self.world, self.n_groups))
+        return Routed(payload, torch.cat(counts, dim=1))
 
     # ------------------------------------------------------------ receiver
 
     def receive(self, recv: torch.Tensor, recv_counts: torch.Tensor, n_codes: int,
-                carries_next: bool = False) -> LocalLookups:
-        """recv: every source's payload (source-major); recv_counts [world, 2] as sent; n_codes: their sum of
-        codes (known on the host from the split sizes); carries_next: the headers hold the next batch's counts."""
+                carries_next: bool = False, group_ids: Optional[list[int]] = None) -> LocalLookups:
+        """recv: every source's payload (source-major); recv_counts [world, header] as sent; n_codes: their sum of
+        codes (known on the host from the split sizes); carries_next: the headers hold the next batch's counts;
+        group_ids: the ids of each of this rank's TBE groups, known on the host from the same sync (send() has
+        them; without them, with several groups, they are read back here: a second host sync)."""
         b, world, n_f = self.b, self.world, self.n_f
         a = self.my_head
-        start = _excl_cumsum(a + recv_counts.sum(dim=1))
+        start = _excl_cumsum(a + recv_counts[:, :HEADER].sum(dim=1))
         head = recv.index_select(0, torch.repeat_interleave(start, a, output_size=a * world) + self.head_pos)
         head = head.view(world, a)
-        next_counts = head[:, :HEADER].long() if carries_next else None
+        next_counts = head[:, :self.header].long() if carries_next else None
         if not n_f:
             return LocalLookups([], next_counts)
-        head = head[:, HEADER:]
+        head = head[:, self.header:]
         if self.encoding is RwEncoding.lengths:
             lens = head.reshape(world, n_f, b)
             seg = lens.sum(dim=2)
@@ -336,15 +381,15 @@ class IdRouter:
             seg.index_copy_(1, self.whole_rows, lens.sum(dim=2))
             seg.index_copy_(1, self.rw_rows, head[:, fw * b:].long())
         sizes = torch.cat([torch.full((world, 1), a, dtype=torch.long, device=recv.device), seg,
-                           recv_counts[:, 1:]], dim=1).view(-1)
-        out = _permute_1d(self.recv_perm, sizes, recv, None, None)[1]
+                           recv_counts[:, 1:2]], dim=1).view(-1)
+        # every received segment but the heads, once: its length is known (told, so nothing is read back)
+        out = _permute_1d(self.recv_perm, sizes, recv, None, recv.numel() - a * world)[1]
         values = out[:out.numel() - n_codes]
         whole_lengths = lens.transpose(0, 1).reshape(-1, world * b)
         if self.encoding is RwEncoding.lengths:
             lengths = whole_lengths
         elif self.nf_rw:
-            lengths = torch.bincount(out[values.numel():], minlength=n_f * world * b).view(n_f, world * b).to(
-                values.dtype)
+            lengths = _count(out[values.numel():], n_f * world * b).view(n_f, world * b).to(values.dtype)
             if self.nf_whole:
                 lengths.index_copy_(0, self.whole_rows, whole_lengths)
         else:
@@ -352,8 +397,9 @@ class IdRouter:
         if len(self.group_sizes) == 1:
             return LocalLookups([(values, _offsets(lengths, values.dtype))], next_counts)
         out_groups, f0, v0 = [], 0, 0
-        counts = torch.stack([g.sum() for g in lengths.split(self.group_sizes)]).tolist()   # a 2nd host sync
-        for nf, n in zip(self.group_sizes, counts):
+        if group_ids is None:   # (tests, benchmarks: the step has them from send's host sync)
+            group_ids = recv_counts[:, HEADER:HEADER + len(self.group_sizes)].sum(dim=0).tolist()
+        for nf, n in zip(self.group_sizes, group_ids):
             out_groups.append((values[v0:v0 + n], _offsets(lengths[f0:f0 + nf], values.dtype)))
             f0, v0 = f0 + nf, v0 + n
         return LocalLookups(out_groups, next_counts)
@@ -380,28 +426,32 @@ class IdRouter:
         send_sizes = self.send_sizes(routed.counts)
         if then is not None:
             self.carry(routed, then, send_sizes)
-        recv_sizes = self.my_head + recv_counts.sum(dim=1)
-        host = torch.cat([send_sizes, recv_sizes, recv_counts[:, 1].sum().view(1)]).tolist()   # the host sync
+        recv_sizes = self.my_head + recv_counts[:, :HEADER].sum(dim=1)
+        n_groups = len(self.group_sizes) if self.n_groups > 1 else 0
+        host = torch.cat([send_sizes, recv_sizes, recv_counts[:, 1].sum().view(1),
+                          recv_counts[:, HEADER:HEADER + n_groups].sum(dim=0)]).tolist()   # the host sync
         w = self.world
         recv = routed.payload.new_empty(sum(host[w:2 * w]))
         work = dist.all_to_all_single(recv, routed.payload, host[w:2 * w], host[:w], group=group, async_op=True)
-        return PendingIds(recv, recv_counts, host[-1], work, routed.payload, then is not None)
+        return PendingIds(recv, recv_counts, host[2 * w], work, routed.payload, then is not None,
+                          host[2 * w + 1:] if n_groups else None)
 
     def carry(self, routed: Routed, then: Routed, send_sizes: Optional[torch.Tensor] = None) -> None:
         """Put the next batch's per-destination counts (then.counts) in routed's payload headers (in place)."""
         sizes = self.send_sizes(routed.counts) if send_sizes is None else send_sizes
-        pos = torch.repeat_interleave(_excl_cumsum(sizes), HEADER, output_size=HEADER * self.world)
+        pos = torch.repeat_interleave(_excl_cumsum(sizes), self.header, output_size=self.header * self.world)
         routed.payload.index_copy_(0, pos + self.header_pos, then.counts.reshape(-1).to(routed.payload.dtype))
 
     def finish(self, pending: PendingIds) -> LocalLookups:
         """Wait for the payload, then build the TBE groups' inputs (and next_counts when the payload carries
         them)."""
         pending.work.wait()
-        return self.receive(pending.recv, pending.recv_counts, pending.n_codes, pending.carries_next)
+        return self.receive(pending.recv, pending.recv_counts, pending.n_codes, pending.carries_next,
+                            pending.group_ids)
 
     def send_sizes(self, counts: torch.Tensor) -> torch.Tensor:
         """Payload elements for each destination."""
-        return self.head + counts.sum(dim=1)
+        return self.head + counts[:, :HEADER].sum(dim=1)
 
 
 def deliver(routed: list[Routed], routers: list[IdRouter], dest: int) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -31,11 +31,11 @@ from neocfg.errors import ConfigError, DivergedError
 from neocfg.plan import Plan
 from neocfg.run_metrics import DppCounters, RunMetrics, TermMs
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
-from neocfg.runtime.dist import Comm
+from neocfg.runtime.dist import Comm, Purpose, purpose_group
 from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_autocast, fold_dense_grads,
                                  make_dense_optimizer, set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
-from neocfg.runtime.layout import build_layout
+from neocfg.runtime.layout import OutputKind, build_layout
 from neocfg.runtime.routing import LocalLookups, PendingIds, Routed, exchange_in_prefetch
 from neocfg.runtime.metrics import evaluate
 from neocfg.runtime.timing import StepTimes, Stopwatch
@@ -85,18 +85,19 @@ class Trainer:
         # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
         # default group; sharing it could interleave them differently on different ranks).
         timeout = datetime.timedelta(seconds=cfg.train.collective_timeout_s)
-        group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        group = purpose_group(Purpose.exchange, timeout)
         self.comm = Comm(group=group, rank=self.rank, world=self.world, timeout=timeout)
         self.sw = Stopwatch(device, profile=cfg.train.profile)
         tc = cfg.train
         self.layout = build_layout(plan, cfg.model, self.rank)
         # data-parallel replicas all-reduce their gradient on a group of their own too
-        dp_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        dp_group = (purpose_group(Purpose.replicas, timeout) if self.layout.tables_of(OutputKind.replicated)
+                    else None)
         # ... and so do the ids, which the pipelined step sends while the exchange and DDP use theirs, and the ids
         # the prefetch thread exchanges ahead of the step (train.ids_exchange, CPU ranks; see below)
-        id_group = dist.new_group(backend=dist.get_backend(), timeout=timeout)
+        id_group = purpose_group(Purpose.ids, timeout)
         ahead = device.type == "cpu" and exchange_in_prefetch(tc.ids_exchange, self.layout)
-        ahead_group = dist.new_group(backend=dist.get_backend(), timeout=timeout) if ahead else None
+        ahead_group = purpose_group(Purpose.ids_ahead, timeout) if ahead else None
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
                                      id_group=id_group, ahead_group=ahead_group)
