@@ -13,6 +13,12 @@ from omegaconf.errors import OmegaConfBaseException
 from neocfg.errors import ConfigError, NeocfgError
 
 
+# Hydra's launcher plugins by the name of their config (hydra/launcher=<name>) -> the package that provides it.
+LAUNCHER_PACKAGES = {"joblib": "hydra-joblib-launcher", "ray": "hydra-ray-launcher", "ray_aws": "hydra-ray-launcher",
+                     "submitit_local": "hydra-submitit-launcher", "submitit_slurm": "hydra-submitit-launcher",
+                     "rq": "hydra-rq-launcher"}
+
+
 def dotted(full_key: str) -> str:
     """OmegaConf's `model.tables[0].num_embeddings` -> the override spelling `model.tables.0.num_embeddings`."""
     return re.sub(r"\[(\d+)\]", r".\1", str(full_key)).lstrip(".")
@@ -179,6 +185,10 @@ def format_error(exc: BaseException, search_dirs: Sequence[Path] = ()) -> str:
         options = ", ".join(exc.options or [])
         if "/" in missing and options:
             group, name = missing.rsplit("/", 1)
+            package = LAUNCHER_PACKAGES.get(name) if group == "hydra/launcher" else None
+            if package is not None:
+                return (f"hydra/launcher={name}: the launcher plugin is not installed; pip install {package} (or"
+                        f" neocfg's extra: pip install 'neocfg[launchers]'); installed launchers: {options}")
             return (f"{group.replace('/', '.')}={name}: no such preset in group '{group}'; available: {options}"
                     f" (add your own with --config-dir DIR)")
         return _first_line(str(exc))

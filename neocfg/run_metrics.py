@@ -118,7 +118,9 @@ class RunMetrics:
 
 def render(m: RunMetrics) -> str:
     """The summary `mode=train` prints."""
-    lines = [f"trained {m.model} on {m.world_size} ranks: {m.steps} steps, {m.samples:,} samples, "
+    resumed = (f" (resumed from step {m.resumed_from_step:,}: {m.steps_this_run:,} steps in this run)"
+               if m.resumed_from_step is not None else "")
+    lines = [f"trained {m.model} on {m.world_size} ranks: {m.steps} steps{resumed}, {m.samples:,} samples, "
              f"{m.samples_per_s:,.0f} samples/s"]
     if m.final_loss is not None:
         highest = (f"highest {m.max_loss:.4g} at step {m.max_loss_step}; "
@@ -145,4 +147,25 @@ def render(m: RunMetrics) -> str:
             f"{k} {t.predicted:.2f} / {t.measured:.2f}" for k, t in m.predicted_vs_measured_ms.items()))
     else:
         lines.append(f"  step time: measured {m.measured_step_ms:.2f} ms (the plan has no estimate)")
+    lines.append(f"  data stall: {100 * m.data_stall_fraction:.1f}% of the step waiting for batches"
+                 f" (data_wait {b.get('data_wait', 0.0):.2f} ms)")
+    warning = deviation_warning(m)
+    if warning:
+        lines.append(warning)
     return "\n".join(lines)
+
+
+# A measured step this far off the estimate (either way) gets a warning naming the term that deviates most.
+DEVIATION_WARN = 0.5
+
+
+def deviation_warning(m: RunMetrics) -> Optional[str]:
+    """'neocfg: warning: ...' when the measured step is more than DEVIATION_WARN off the estimate: the estimate's
+    term whose measurement is furthest from it (in ms), with both values; None otherwise."""
+    err, terms = m.prediction_error, m.predicted_vs_measured_ms
+    if err is None or abs(err) <= DEVIATION_WARN or not terms:
+        return None
+    name, t = max(terms.items(), key=lambda kv: abs(kv[1].measured - kv[1].predicted))
+    return (f"neocfg: warning: the measured step ({m.measured_step_ms:.2f} ms) is {100 * err:+.0f}% off the"
+            f" estimate ({m.predicted_step_ms:.2f} ms); the term furthest off: {name}, predicted {t.predicted:.2f} ms,"
+            f" measured {t.measured:.2f} ms ({t.measured - t.predicted:+.2f} ms)")

@@ -107,3 +107,40 @@ def test_cross_field_checks_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
         compose_cfg([override])
     assert err.value.key == key
+
+
+def test_a_preset_missing_required_keys_hears_all_of_them_with_typical_values(cli, tmp_path):
+    (tmp_path / "hardware").mkdir()
+    lines = [line for line in (CONF / "hardware" / "zionex_1node.yaml").read_text().splitlines()
+             if not line.lstrip().startswith(("intra_node_bandwidth_gbs", "hbm_bandwidth_gbs", "name"))]
+    (tmp_path / "hardware" / "mine.yaml").write_text("name: mine\n" + "\n".join(lines) + "\n")
+    r = cli("--config-dir", str(tmp_path), "mode=describe", "hardware=mine")
+    assert r.returncode == 2
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(err) == 1, r.stderr
+    assert "2 required keys missing" in err[0] and "docs/hardware.md" in err[0]
+    assert "hardware.device.hbm_bandwidth_gbs (one device's memory bandwidth in GB/s, e.g. 3350" in err[0]
+    assert "hardware.intra_node_bandwidth_gbs (all-to-all bandwidth per device within a node" in err[0]
+
+
+def test_a_missing_precision_peak_is_a_warning(capsys):
+    compose_cfg(["mode=plan", "hardware=h100_8node", "train.dense_precision=tf32"])
+    assert "warning" not in capsys.readouterr().err
+    compose_cfg(["mode=plan", "hardware=h100_8node", "train.dense_precision=bf16", "hardware.device.peak_tflops_bf16=null"])
+    err = capsys.readouterr().err
+    assert "warning: hardware.device.peak_tflops_bf16 is not set" in err and "fp32 peak (67 TFLOP/s)" in err
+    compose_cfg(["mode=plan", "hardware=cpu_local", "train.dense_precision=bf16"])   # a CPU has no tensor cores
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_the_template_hardware_preset_in_the_docs_validates(tmp_path):
+    import re
+
+    from conftest import REPO
+
+    text = (REPO / "docs" / "hardware.md").read_text()
+    template = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "my_cluster.yaml").write_text(template)
+    hw = compose_cfg(["hardware=my_cluster", f"hydra.searchpath=[file://{tmp_path}]"]).hardware
+    assert hw.num_devices == 32 and hw.device.peak_tflops_tf32 == 495

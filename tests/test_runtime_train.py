@@ -40,7 +40,7 @@ def test_train_writes_metrics(cli, tmp_path):
     plan = _plan_file(tmp_path, MIXED)
     r = cli(*COMMON, "train.steps=60", f"planner.plan_file={plan}")
     assert r.returncode == 0, r.stderr
-    assert "metrics.json" in r.stdout and "prediction error" in r.stdout
+    assert "metrics.json" in r.stdout and "prediction error" in r.stdout and "data stall: " in r.stdout
     m = json.loads(_metrics(tmp_path)[-1].read_text())
     for key in ("steps", "samples", "samples_per_s", "initial_loss", "final_loss", "eval_auc", "eval_ne",
                 "breakdown_ms", "predicted_step_ms", "measured_step_ms", "prediction_error"):
@@ -85,6 +85,8 @@ def test_killed_rank_resume_equals_uninterrupted(cli, tmp_path, fault, weights):
     assert r.returncode == 0, r.stderr
     m = json.loads(_metrics(tmp_path)[-1].read_text())
     assert m["resumed_from_step"] == EVERY and m["steps_this_run"] == STEPS - EVERY
+    assert f"neocfg: resuming from step {EVERY} of {STEPS}" in r.stdout              # the console says so
+    assert f"{STEPS} steps (resumed from step {EVERY}: {STEPS - EVERY} steps in this run)" in r.stdout
 
     sa, sb = _final_state(a), _final_state(b)
     for rank in range(2):

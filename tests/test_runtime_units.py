@@ -115,3 +115,29 @@ def test_freed_memory_stays_in_the_heap(keep):
         assert mapped_mb == 0 and free_in_heap_mb >= 22, out
     else:
         assert mapped_mb >= 22 and free_in_heap_mb < 22, out
+
+
+def test_console_names_the_stall_the_resume_step_and_the_term_furthest_off():
+    import dataclasses
+
+    from neocfg.run_metrics import RunMetrics, TermMs, render
+
+    m = RunMetrics(
+        model="m", world_size=2, batch_size_per_rank=64, global_batch=128, steps=50, steps_this_run=20,
+        resumed_from_step=30, samples=6400, samples_per_s=1000.0, wall_s=1.0, checkpoint_s=0.0, initial_loss=0.69,
+        final_loss=0.5, final_loss_mean_last_10=0.51, losses=[0.69, 0.5], max_loss=0.7, max_loss_step=2,
+        eval_samples=0, eval_logloss=None, eval_ne=None, eval_auc=None, eval_ctr=None,
+        breakdown_ms={"data_wait": 3.0, "total": 20.0}, breakdown_ms_per_rank=[], timed_steps=10, warmup_steps=2,
+        predicted_step_ms=10.0, measured_step_ms=20.0, plan_batch_size_per_device=64,
+        predicted_vs_measured_ms={"embedding_compute": TermMs(2.0, 3.0), "embedding_comm": TermMs(3.0, 11.0),
+                                  "dense": TermMs(4.0, 1.0), "data": TermMs(1.0, 1.0)},
+        prediction_error=1.0, a2a_fwd_dtype="fp32", a2a_bwd_dtype="fp32", sparse_optimizer="x", dense_optimizer="y",
+        plan_solver="ilp", data={}, data_per_rank=[], data_stall_fraction=0.15, samples_delivered=0,
+        duplicate_samples=0)
+    text = render(m)
+    assert "50 steps (resumed from step 30: 20 steps in this run)" in text
+    assert "data stall: 15.0% of the step" in text
+    assert ("neocfg: warning: the measured step (20.00 ms) is +100% off the estimate (10.00 ms); the term furthest"
+            " off: embedding_comm, predicted 3.00 ms, measured 11.00 ms (+8.00 ms)") in text
+    m = dataclasses.replace(m, measured_step_ms=14.0, prediction_error=0.4)
+    assert "warning" not in render(m)   # within 50% of the estimate: no warning

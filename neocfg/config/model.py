@@ -65,6 +65,23 @@ class TableConfig:
 
 
 @dataclass
+class ShrinkConfig:
+    """The caps model.shrink=true applies: a copy of any model (a production one included) that plans and trains on
+    a laptop (hardware=cpu_local). Defaults: 2 CPU ranks train dlrm_tiny-sized tables at hundreds of steps a minute;
+    prod_856 shrunk holds 856 x 10,000 x 16 fp32 weights, 0.55 GB."""
+
+    max_rows: int = 10_000
+    max_dim: int = 16
+    # Every MLP layer (bottom, top but its final 1) and the DCN low-rank dim.
+    max_mlp_width: int = 128
+    max_pooling: float = 4.0
+
+    def check(self, key: str) -> None:
+        for name in ("max_rows", "max_dim", "max_mlp_width", "max_pooling"):
+            checks.positive(f"{key}.{name}", getattr(self, name))
+
+
+@dataclass
 class ModelConfig:
     name: str = MISSING
     tables: List[TableConfig] = MISSING
@@ -80,6 +97,10 @@ class ModelConfig:
     dcn_low_rank_dim: int = 512
     # Planning-only models are too big to instantiate; mode=train refuses them.
     planning_only: bool = False
+    # A laptop-sized copy: rows, dims, MLP widths and pooling capped at shrink_to (the table count, the dense
+    # features and the interaction are kept); trainable whatever planning_only says.
+    shrink: bool = False
+    shrink_to: ShrinkConfig = field(default_factory=ShrinkConfig)
 
     @property
     def embedding_dims(self) -> List[int]:
@@ -94,6 +115,28 @@ class ModelConfig:
     @property
     def num_parameters(self) -> int:
         return sum(t.num_parameters for t in self.tables)
+
+    def shrunk(self) -> tuple["ModelConfig", str]:
+        """This model with shrink_to's caps applied, and a line saying what changed. Forced placements (ranks) are
+        dropped: they name ranks of the cluster the model was written for."""
+        cap = self.shrink_to
+        tables = [dataclasses.replace(t, num_embeddings=min(t.num_embeddings, cap.max_rows),
+                                      embedding_dim=min(t.embedding_dim, cap.max_dim),
+                                      pooling_factor=min(t.pooling_factor, cap.max_pooling), ranks=None)
+                  for t in self.tables]
+        bottom = [min(w, cap.max_mlp_width) for w in self.bottom_layers]
+        if self.bottom_mlp is None or self.bottom_layers[-1] == self.tables[0].embedding_dim:
+            bottom[-1] = tables[0].embedding_dim   # the bottom MLP still ends at the embedding dim (dot needs it)
+        small = dataclasses.replace(
+            self, name=f"{self.name}_shrunk", tables=tables, bottom_mlp=bottom,
+            top_mlp=[min(w, cap.max_mlp_width) for w in self.top_mlp[:-1]] + [self.top_mlp[-1]],
+            dcn_low_rank_dim=min(self.dcn_low_rank_dim, cap.max_mlp_width), planning_only=False, shrink=False)
+        rows = sum(t.num_embeddings for t in self.tables)
+        note = (f"model.shrink=true: {self.name} -> {small.name}: {len(tables)} tables, rows <= {cap.max_rows:,}, dims"
+                f" <= {cap.max_dim}, pooling <= {cap.max_pooling:g}, MLP widths <= {cap.max_mlp_width}:"
+                f" {rows:,} -> {sum(t.num_embeddings for t in tables):,} rows, {self.num_parameters:,} ->"
+                f" {small.num_parameters:,} embedding parameters (model.shrink_to.* sets the caps)")
+        return small, note
 
     def with_interaction_resolved(self) -> tuple["ModelConfig", str | None]:
         """This model with interaction=auto replaced by the one that fits its tables, and a line saying the choice
@@ -117,6 +160,7 @@ class ModelConfig:
             t.check(f"{key}.tables.{i}")
         checks.unique(f"{key}.tables", [t.name for t in self.tables])
         checks.non_negative(f"{key}.num_dense_features", self.num_dense_features)
+        self.shrink_to.check(f"{key}.shrink_to")
         if self.bottom_mlp is not None:
             checks.non_empty(f"{key}.bottom_mlp", self.bottom_mlp)
             checks.all_positive(f"{key}.bottom_mlp", self.bottom_mlp)

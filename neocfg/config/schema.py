@@ -23,7 +23,7 @@ from neocfg.config.planner import PlannerConfig
 from neocfg.config.sweep import SweepConfig
 from neocfg.config.train import TrainConfig
 from neocfg.errors import ConfigError
-from neocfg.types import Mode, WeightsDtype
+from neocfg.types import DensePrecision, DeviceKind, Mode, WeightsDtype
 from neocfg.units import GIB
 
 
@@ -95,21 +95,87 @@ def register() -> None:
     ConfigStore.instance().store(name=SCHEMA_NAME, node=NeocfgConfig)
 
 
+# What each required key is, with a typical value: a preset that lacks some is told all of them at once.
+REQUIRED_HINTS = {
+    "model.name": "the model's name",
+    "model.tables": "the embedding tables, e.g. [{name: t0, num_embeddings: 1e6, embedding_dim: 64}]",
+    "model.tables.*.name": "the table's name",
+    "model.tables.*.num_embeddings": "rows of the table, e.g. 1e6",
+    "model.tables.*.embedding_dim": "columns of the table, e.g. 64",
+    "hardware.name": "the preset's name",
+    "hardware.device.hbm_gib": "memory of one device in GiB (a CPU rank's budget), e.g. 80 for an H100 SXM",
+    "hardware.device.hbm_bandwidth_gbs": "one device's memory bandwidth in GB/s, e.g. 3350 for an H100 SXM",
+    "hardware.host.ddr_gib": "host DRAM of one node in GiB, e.g. 2048",
+    "hardware.host.ddr_bandwidth_gbs": "host DRAM bandwidth of one node in GB/s, e.g. 300",
+    "hardware.intra_node_bandwidth_gbs": "all-to-all bandwidth per device within a node in GB/s (NVLink), e.g. 900"
+                                         " for H100 NVLink 4 (aggregate per GPU)",
+    "hardware.inter_node_bandwidth_gbs": "all-to-all bandwidth per device between nodes in GB/s, e.g. 50 for one"
+                                         " 400 Gb/s NIC per GPU",
+    "dsi.name": "the data pipeline preset's name",
+    "dsi.worker_shapes.*.name": "the worker shape's name, e.g. cpu_host_64c",
+    "dsi.worker_shapes.*.cores": "cores of one DPP worker host, e.g. 64",
+    "dsi.worker_shapes.*.nic_gbs": "network bandwidth of one DPP worker host in GB/s, e.g. 3.125 (25 Gb/s)",
+    "dsi.worker_shapes.*.memory_bandwidth_gbs": "memory bandwidth of one DPP worker host in GB/s, e.g. 200",
+}
+
+
+def _missing_required(cfg: DictConfig) -> None:
+    """Every required key the composed config lacks, in one line, each with what it is and a typical value."""
+    import re
+
+    missing = sorted(re.sub(r"\[(\d+)\]", r".\1", k) for k in OmegaConf.missing_keys(cfg))
+    if not missing:
+        return
+    said = [f"{k} ({REQUIRED_HINTS[h]})" if (h := re.sub(r"\.\d+\.", ".*.", k)) in REQUIRED_HINTS else k
+            for k in missing]
+    template = " (a template hardware preset: docs/hardware.md)" if any(k.startswith("hardware.") for k in missing) else ""
+    raise ConfigError(missing[0], ConfigError.NO_VALUE,
+                      f"required but not given; {len(missing)} required key{'s' if len(missing) > 1 else ''} missing:"
+                      f" {'; '.join(said)}{template}")
+
+
 def load(cfg: DictConfig) -> NeocfgConfig:
     """Turn the composed DictConfig into typed dataclasses and run every range and cross-field check."""
     _reject_unknown_keys(cfg, "")
+    _missing_required(cfg)
     try:
         obj = OmegaConf.to_object(cfg)
     except Exception as exc:  # MissingMandatoryValue and friends: re-raised as one line by the CLI
         raise _from_omegaconf(exc) from exc
     assert isinstance(obj, NeocfgConfig)
     reject_non_finite(obj, "")
+    if isinstance(obj.model.tables, list) and obj.model.shrink:
+        obj.model.shrink_to.check("model.shrink_to")
+        obj.model, note = obj.model.shrunk()
+        print(f"neocfg: note: {note}", file=sys.stderr)
     if isinstance(obj.model.tables, list):
         obj.model, note = obj.model.with_interaction_resolved()
         if note:
             print(f"neocfg: note: {note}", file=sys.stderr)
     obj.check()
+    warning = missing_peak_warning(obj)
+    if warning:
+        print(warning, file=sys.stderr)
     return obj
+
+
+# Dense peaks (TFLOP/s, dense, no sparsity) of an H100 SXM, the typical value a missing peak's warning quotes.
+# Source: NVIDIA H100 Tensor Core GPU datasheet (TF32 989 and BF16 1,979 TFLOP/s with sparsity, halved).
+TYPICAL_PEAK_TFLOPS = {DensePrecision.tf32: 495.0, DensePrecision.bf16: 989.0}
+
+
+def missing_peak_warning(cfg: NeocfgConfig) -> str | None:
+    """A GPU preset without the peak of the training precision would be rated at its fp32 peak without a word: say
+    so (plan and train only)."""
+    precision, device = cfg.train.dense_precision, cfg.hardware.device
+    if cfg.mode not in (Mode.plan, Mode.train) or device.kind is not DeviceKind.gpu:
+        return None
+    if precision not in TYPICAL_PEAK_TFLOPS or getattr(device, f"peak_tflops_{precision.value}") is not None:
+        return None
+    key = f"hardware.device.peak_tflops_{precision.value}"
+    return (f"neocfg: warning: {key} is not set: the dense part at train.dense_precision={precision.value} is rated"
+            f" at the fp32 peak ({device.peak_tflops:g} TFLOP/s); set it (e.g. {TYPICAL_PEAK_TFLOPS[precision]:g} for"
+            f" an H100 SXM) or train.dense_precision=fp32")
 
 
 def reject_non_finite(node: Any, path: str) -> None:

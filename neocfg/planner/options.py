@@ -162,9 +162,34 @@ def _no_shape(cfg: NeocfgConfig, table: TableConfig, ch: Choices) -> str:
 
 
 def all_options(cfg: NeocfgConfig, cost: CostModel) -> list[list[ShardingOption]]:
-    opts = [table_options(cfg, cost, i) for i in range(len(cfg.model.tables))]
+    opts, too_big = [], []
+    for i in range(len(cfg.model.tables)):
+        try:
+            opts.append(table_options(cfg, cost, i))
+        except InfeasibleError:
+            too_big.append(i)
+    if too_big:   # the largest table is the one to talk about, not the first in file order
+        raise InfeasibleError(explain_table(cfg, cost, max(too_big, key=lambda i: _fp32_bytes(cfg.model.tables[i])),
+                                            too_big))
     check_total_memory(cfg, cost, opts)
     return opts
+
+
+def _fp32_bytes(table: TableConfig) -> int:
+    return table.num_embeddings * table.embedding_dim * WeightsDtype.fp32.bytes
+
+
+# Tables named in a "does not fit" line besides the largest.
+NAMED_TABLES = 3
+
+
+def _others(cfg: NeocfgConfig, too_big: list[int]) -> str:
+    """' (N of the model's tables do not fit: largest first ...; model.shrink=true ...)'."""
+    ranked = sorted((cfg.model.tables[i] for i in too_big), key=_fp32_bytes, reverse=True)
+    named = ", ".join(f"{t.name} {_gib(_fp32_bytes(t))}" for t in ranked[:NAMED_TABLES + 1])
+    more = f" and {len(ranked) - NAMED_TABLES - 1} more" if len(ranked) > NAMED_TABLES + 1 else ""
+    count = f"{len(ranked)} of its {len(cfg.model.tables)} tables do not fit, largest first (fp32): {named}{more}"
+    return f" ({count}; a laptop-sized copy for a local run: model.shrink=true)"
 
 
 # ---- explaining infeasibility ----------------------------------------------------------------------------
@@ -177,7 +202,9 @@ def _smallest_piece(cost: CostModel, table: TableConfig, sharding: ShardingType,
     return cost.piece(table, sharding, tier, dtype, 1)[1]
 
 
-def explain_table(cfg: NeocfgConfig, cost: CostModel, index: int) -> str:
+def explain_table(cfg: NeocfgConfig, cost: CostModel, index: int, too_big: list[int] | None = None) -> str:
+    """Why table `index` fits no device, and what would make it fit; too_big: every table that does not fit (named
+    largest first, with the option that shrinks the model)."""
     table = cfg.model.tables[index]
     hw = cfg.hardware
     ch = table_choices(cfg, table)
@@ -206,7 +233,7 @@ def explain_table(cfg: NeocfgConfig, cost: CostModel, index: int) -> str:
     fix = "; would fit with " + " or ".join(fixes) if fixes else "; no allowed setting makes it fit"
     return (f"table {table.name} ({table.num_embeddings:,} x {table.embedding_dim}) does not fit: its smallest"
             f" {best_sharding.value} shard at {dtype.value} in {tier.value} needs {_gib(used)} of {binding}, a"
-            f" {hw.name} device has {_gib(have)} usable{fix}")
+            f" {hw.name} device has {_gib(have)} usable{_others(cfg, too_big) if too_big else ''}{fix}")
 
 
 def _nodes_needed(cfg: NeocfgConfig, cost: CostModel, table: TableConfig, tier: MemoryTier,

@@ -15,6 +15,7 @@ leave quietly on SIGTERM, so that Ctrl-C or SIGTERM to `neocfg` stops every rank
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime
 import logging
@@ -28,7 +29,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -95,8 +96,40 @@ def init_group(backend: Backend, device: torch.device, timeout_s: float, **kwarg
                             device_id=device if device.type == "cuda" else None, **kwargs)
 
 
+# How many runs of a sweep train at once on this host (set by launch() for its ranks, from the Hydra launcher).
+PARALLEL_RUNS_ENV = "NEOCFG_PARALLEL_RUNS"
+
+
 def _threads_per_rank(local_world: int) -> int:
-    return max(1, (os.cpu_count() or 1) // local_world)
+    runs = max(1, int(os.environ.get(PARALLEL_RUNS_ENV, "1")))
+    return max(1, (os.cpu_count() or 1) // (local_world * runs))
+
+
+def parallel_runs() -> int:
+    """Runs of this sweep that a parallel Hydra launcher on this host runs at once (hydra/launcher=joblib:
+    hydra.launcher.n_jobs, -1 meaning one per core); 1 outside a sweep or under a sequential launcher."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        n_jobs = HydraConfig.get().launcher.get("n_jobs")
+    except Exception:  # not under Hydra, or a launcher without n_jobs
+        return 1
+    if not isinstance(n_jobs, int) or n_jobs == 0:
+        return 1
+    cores = os.cpu_count() or 1
+    return n_jobs if n_jobs > 0 else max(1, cores + 1 + n_jobs)   # joblib: -1 all cores, -2 all but one, ...
+
+
+def _size_for_parallel_runs(local_world: int) -> None:
+    """Under a parallel launcher, the runs share the host's cores: each rank gets its share of threads, and a line
+    says how to size the sweep when the runs' ranks outnumber the cores."""
+    runs = parallel_runs()
+    os.environ[PARALLEL_RUNS_ENV] = str(runs)
+    cores = os.cpu_count() or 1
+    if runs > 1 and runs * local_world > cores:
+        print(f"neocfg: note: {runs} runs in parallel (hydra.launcher.n_jobs) x {local_world} ranks > {cores} cores:"
+              f" the ranks share them (1 thread each) and each run's step times are slower; for runs of their own"
+              f" speed use hydra.launcher.n_jobs={max(1, cores // local_world)}", file=sys.stderr)
 
 
 # prctl(2) option: deliver a signal to this process when its parent exits (Linux).
@@ -245,6 +278,28 @@ def _stop(procs: list) -> None:
             q.join()
 
 
+# The start methods a spawned rank can set up again (multiprocessing.spawn passes the parent's to the child).
+_STANDARD_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+@contextlib.contextmanager
+def standard_start_method() -> Iterator[None]:
+    """Start processes under a start method their children know. In a worker of joblib's loky backend
+    (hydra/launcher=joblib) the process-wide start method is 'loky', which a spawned rank cannot set up ("cannot find
+    context for 'loky'"): 'spawn' while the ranks start, the worker's own restored after."""
+    import multiprocessing
+
+    current = multiprocessing.get_start_method(allow_none=True)
+    if current is None or current in _STANDARD_START_METHODS:
+        yield
+        return
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(current, force=True)
+
+
 def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend, timeout_s: float) -> list[Any]:
     """Run fn(RankEnv, *args) on every rank; return the ranks' results in rank order (only this rank's under
     torchrun)."""
@@ -260,13 +315,15 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
         finally:
             dist.destroy_process_group()
     ctx = mp.get_context("spawn")
+    _size_for_parallel_runs(world)
     with tempfile.TemporaryDirectory(prefix="neocfg-ranks-") as results:
         port = free_port()
         procs = [ctx.Process(target=_worker, args=(r, world, port, backend, timeout_s, fn, args, results,
                                                    os.getpid()), name=f"neocfg-rank-{r}") for r in range(world)]
         try:
-            for p in procs:
-                p.start()
+            with standard_start_method():
+                for p in procs:
+                    p.start()
             failure, stopped = _supervise(procs)
         except (Interrupted, KeyboardInterrupt):  # Ctrl-C / SIGTERM: stop every rank before reporting it
             _stop(procs)

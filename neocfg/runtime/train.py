@@ -278,6 +278,8 @@ class Trainer:
 
         tc = self.cfg.train
         resumed_from = self.step if (resume and self.restore()) else None
+        if resumed_from is not None and self.rank == 0:
+            print(f"neocfg: resuming from step {resumed_from:,} of {tc.steps:,} (checkpoints in {self.ckpt.root})")
         if resume and resumed_from is None and self.rank == 0:
             print(f"train.resume=true but no checkpoint in {self.ckpt.root if self.ckpt else '-'}; starting fresh")
         kill_at, hang_at = _fault_step(self.rank), _fault_step(self.rank, "hang")
