@@ -112,7 +112,8 @@ def train_overrides(batch: int, steps: int, sharding_types: str | None, extra: t
     out = ["hardware=cpu_local", "mode=train", f"train.steps={steps}", f"train.batch_size={batch}",
            "train.eval_batches=0", f"train.log_every={steps}", "train.dense_optimizer=adagrad",
            f"train.dense_learning_rate={LR}", "train.sparse_optimizer=exact_rowwise_adagrad",
-           f"train.sparse_learning_rate={LR}"]
+           f"train.sparse_learning_rate={LR}",
+           "train.divergence_factor=0"]   # a speed run: criteo_kaggle's loss spikes at this rate (both systems' rate)
     if sharding_types:
         out.append(f"planner.sharding_types=[{sharding_types}]")
     return out + list(extra)
