@@ -356,8 +356,7 @@ def whole_run_markdown(cases: list[dict], a) -> str:
         f"Each system as its own processes, as a user runs it: `neocfg mode=train` ({WORLD} gloo ranks) with "
         f"`dsi.cycle_batches={BENCH_BATCHES}` (cycled) and with its default learnable stream (stream), and TorchRec "
         f"DMP in its own {WORLD} processes cycling the same {BENCH_BATCHES} pre-generated batches per rank; same plan "
-        f"(every table {', '.join(sorted({c['sharding'] for c in cases}))}; TorchRec's EBC sharder, with row-wise on "
-        f"CPU), batch {a.batch} per rank, fused exact row-wise Adagrad, {a.whole_steps} steps of which the first "
+        f"(every table of a row in its sharding type; TorchRec's EBC sharder, with row-wise on CPU), batch {a.batch} per rank, fused exact row-wise Adagrad, {a.whole_steps} steps of which the first "
         f"{WARMUP} are not timed; interleaved, best of {a.repeats}; samples/s of the timed steps.", "", *rows])
 
 
