@@ -185,12 +185,13 @@ def local_vs_ray(cfg: NeocfgConfig, splits, args: argparse.Namespace, demand: fl
         leave_ray()
 
 
-def autoscale_run(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worker: float) -> dict:
+def autoscale_run(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worker: float,
+                  backend: str = "local") -> dict:
     """One worker to start with, a trainer that needs several: stall and workers per 1 s window."""
     limits = ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits, autoscale=True, max_workers=args.autoscale_max,
                            min_workers=1)
     demand = args.autoscale_demand * per_worker
-    svc = service(cfg, splits, 1, epochs=None, split_cost_s=args.split_cost_s, limits=limits)
+    svc = service(cfg, splits, 1, epochs=None, split_cost_s=args.split_cost_s, limits=limits, backend=backend)
     windows = []
     try:
         c = svc.clients[0]
@@ -212,12 +213,32 @@ def autoscale_run(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worke
     finally:
         svc.close()
     tail = windows[-max(1, len(windows) // 3):]
-    return {"demand_samples_per_s": demand, "demand_workers": args.autoscale_demand,
+    return {"backend": backend, "demand_samples_per_s": demand, "demand_workers": args.autoscale_demand,
             "split_cost_s": args.split_cost_s, "target_stall_fraction": AUTOSCALE_STALL_FRACTION,
             "first_window_stall": windows[0]["stall_fraction"] if windows else None,
             "final_stall_fraction": sum(w["stall_fraction"] for w in tail) / len(tail) if tail else None,
             "final_workers": tail[-1]["workers"] if tail else None,
             "workers_added": stats.workers_added, "workers_retired": stats.workers_retired, "windows": windows}
+
+
+def autoscale_ray(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worker: float) -> dict:
+    """The same autoscaling run with Ray worker actors (a local Ray for the run); `per_worker` is a local worker's
+    rate (the simulated cost per split dominates both)."""
+    from neocfg.data.dpp.ray_backend import leave_ray, start_local_ray
+
+    start_local_ray(object_store_mb=256, namespace="neocfg-bench")
+    try:
+        return autoscale_run(cfg, splits, args, per_worker, backend="ray")
+    finally:
+        leave_ray()
+
+
+def say_autoscale(a: dict, args: argparse.Namespace) -> dict:
+    print(f"autoscale ({a['backend']}): trainer needs {args.autoscale_demand:g} x one worker; 1 worker at start: "
+          f"stall {a['first_window_stall']:.1%} in the first second -> {a['final_stall_fraction']:.1%} over the last "
+          f"third with {a['final_workers']} workers (target {a['target_stall_fraction']:.0%}; "
+          f"{a['workers_added']} added, {a['workers_retired']} retired)")
+    return a
 
 
 def plot_autoscale(res: dict, path: Path) -> None:
@@ -235,7 +256,7 @@ def plot_autoscale(res: dict, path: Path) -> None:
     ax2 = ax.twinx()
     ax2.step([x["t"] for x in w], [x["workers"] for x in w], where="post", color="tab:blue", label="workers")
     ax2.set_ylabel("DPP workers")
-    ax.set_title(f"DPP autoscaling: trainer needs {res['demand_workers']:g} x one worker")
+    ax.set_title(f"DPP autoscaling ({res['backend']}): trainer needs {res['demand_workers']:g} x one worker")
     fig.legend(loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -253,7 +274,8 @@ def main() -> None:
     ap.add_argument("--autoscale-demand", type=float, default=3.0, help="autoscaling run: demand in worker units")
     ap.add_argument("--autoscale-seconds", type=float, default=40.0)
     ap.add_argument("--autoscale-max", type=int, default=8)
-    ap.add_argument("--no-ray", action="store_true", help="skip the local vs Ray comparison")
+    ap.add_argument("--no-ray", action="store_true", help="skip the local vs Ray comparison and Ray autoscaling")
+    ap.add_argument("--only-autoscale", action="store_true", help="only the autoscaling runs (local, then Ray)")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp.json")
     args = ap.parse_args()
 
@@ -264,50 +286,52 @@ def main() -> None:
         splits = dataset_splits(directory, Manifest.load(directory), eval=False)
         res: dict = {"samples": args.samples, "splits": len(splits), "batch_size": cfg.train.batch_size}
 
-        res["projection"] = p = bench_projection(cfg, splits, args.reps)
-        print(f"projection: {p['projected']['samples_per_s']:,.0f} samples/s ({p['projected']['mb_per_s']:.1f} MB/s "
-              f"read) vs all columns {p['all_columns']['samples_per_s']:,.0f} samples/s "
-              f"({p['all_columns']['mb_per_s']:.1f} MB/s) -> speed-up x{p['speedup']:.2f}, "
-              f"bytes read / {p['bytes_ratio']:.2f}")
+        if not args.only_autoscale:
+            res["projection"] = p = bench_projection(cfg, splits, args.reps)
+            print(f"projection: {p['projected']['samples_per_s']:,.0f} samples/s "
+                  f"({p['projected']['mb_per_s']:.1f} MB/s read) vs all columns "
+                  f"{p['all_columns']['samples_per_s']:,.0f} samples/s ({p['all_columns']['mb_per_s']:.1f} MB/s) "
+                  f"-> speed-up x{p['speedup']:.2f}, bytes read / {p['bytes_ratio']:.2f}")
 
-        for key, cost in (("scaling", 0.0), ("scaling_simulated_cost", args.split_cost_s)):
-            res[key] = r = scaling(cfg, splits, args, cost)
-            one, two = r["one_worker"], r["two_workers"]
-            label = "real preprocessing" if not cost else f"+{cost}s simulated per split"
-            print(f"scaling ({label}): 1 worker {one['samples_per_s']:,.0f} samples/s, 2 workers "
-                  f"{two['samples_per_s']:,.0f} samples/s -> x{r['ratio']:.2f} (worker busy ms per split "
-                  f"{one['worker_ms_per_split']:.1f} -> {two['worker_ms_per_split']:.1f})")
+            for key, cost in (("scaling", 0.0), ("scaling_simulated_cost", args.split_cost_s)):
+                res[key] = r = scaling(cfg, splits, args, cost)
+                one, two = r["one_worker"], r["two_workers"]
+                label = "real preprocessing" if not cost else f"+{cost}s simulated per split"
+                print(f"scaling ({label}): 1 worker {one['samples_per_s']:,.0f} samples/s, 2 workers "
+                      f"{two['samples_per_s']:,.0f} samples/s -> x{r['ratio']:.2f} (worker busy ms per split "
+                      f"{one['worker_ms_per_split']:.1f} -> {two['worker_ms_per_split']:.1f})")
 
         per_worker = drain_rate(cfg, splits, 1, 1, args.split_cost_s).samples_per_s
-        demand = args.demand_workers * per_worker
-        planned = workers_needed(demand, per_worker, cfg.dsi.headroom)
-        few = max(1, planned - 1) if planned > 1 else 1
-        runs = {name: stall_run(cfg, splits, w, demand, args.stall_seconds, args.split_cost_s)
-                for name, w in (("too_few", few), ("planned", planned))}
-        res["stall"] = {"split_cost_s": args.split_cost_s, "per_worker_samples_per_s": per_worker,
-                        "demand_samples_per_s": demand, "headroom": cfg.dsi.headroom, **runs}
-        print(f"stall: trainer demand {demand:,.0f} samples/s = {args.demand_workers} x one worker "
-              f"({per_worker:,.0f}/s with {args.split_cost_s}s simulated cost per split); planned "
-              f"{planned} workers (headroom {cfg.dsi.headroom}): stall {runs['planned']['stall_fraction']:.1%}; "
-              f"{few} worker(s): stall {runs['too_few']['stall_fraction']:.1%}")
+        if not args.only_autoscale:
+            demand = args.demand_workers * per_worker
+            planned = workers_needed(demand, per_worker, cfg.dsi.headroom)
+            few = max(1, planned - 1) if planned > 1 else 1
+            runs = {name: stall_run(cfg, splits, w, demand, args.stall_seconds, args.split_cost_s)
+                    for name, w in (("too_few", few), ("planned", planned))}
+            res["stall"] = {"split_cost_s": args.split_cost_s, "per_worker_samples_per_s": per_worker,
+                            "demand_samples_per_s": demand, "headroom": cfg.dsi.headroom, **runs}
+            print(f"stall: trainer demand {demand:,.0f} samples/s = {args.demand_workers} x one worker "
+                  f"({per_worker:,.0f}/s with {args.split_cost_s}s simulated cost per split); planned "
+                  f"{planned} workers (headroom {cfg.dsi.headroom}): stall {runs['planned']['stall_fraction']:.1%}; "
+                  f"{few} worker(s): stall {runs['too_few']['stall_fraction']:.1%}")
 
-        if not args.no_ray:
-            res["local_vs_ray"] = lr = local_vs_ray(cfg, splits, args, demand)
-            print(f"local vs Ray (2 workers, {args.split_cost_s}s simulated per split): drained "
-                  f"{lr['local']['samples_per_s']:,.0f} vs {lr['ray']['samples_per_s']:,.0f} samples/s "
-                  f"(Ray/local x{lr['ray_over_local']:.2f}); stall at {demand:,.0f} samples/s demand "
-                  f"{lr['local']['stall_fraction']:.1%} vs {lr['ray']['stall_fraction']:.1%}")
+            if not args.no_ray:
+                res["local_vs_ray"] = lr = local_vs_ray(cfg, splits, args, demand)
+                print(f"local vs Ray (2 workers, {args.split_cost_s}s simulated per split): drained "
+                      f"{lr['local']['samples_per_s']:,.0f} vs {lr['ray']['samples_per_s']:,.0f} samples/s "
+                      f"(Ray/local x{lr['ray_over_local']:.2f}); stall at {demand:,.0f} samples/s demand "
+                      f"{lr['local']['stall_fraction']:.1%} vs {lr['ray']['stall_fraction']:.1%}")
 
         res["autoscale"] = a = autoscale_run(cfg, splits, args, per_worker)
-        print(f"autoscale: trainer needs {args.autoscale_demand:g} x one worker; 1 worker at start: stall "
-              f"{a['first_window_stall']:.1%} in the first second -> {a['final_stall_fraction']:.1%} over the last "
-              f"third with {a['final_workers']} workers (target {a['target_stall_fraction']:.0%}; "
-              f"{a['workers_added']} added, {a['workers_retired']} retired)")
+        say_autoscale(a, args)
+        if not args.no_ray:
+            res["autoscale_ray"] = say_autoscale(autoscale_ray(cfg, splits, args, per_worker), args)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=1) + "\n")
-    if res.get("autoscale", {}).get("windows"):
-        plot_autoscale(res["autoscale"], args.out.with_name(args.out.stem + "_autoscale.png"))
+    for key in ("autoscale", "autoscale_ray"):
+        if res.get(key, {}).get("windows"):
+            plot_autoscale(res[key], args.out.with_name(f"{args.out.stem}_{key}.png"))
     print(f"results written to {args.out}")
 
 
