@@ -184,6 +184,12 @@ class DppBackendKind(Enum):
     inline = "inline"
     ray = "ray"
 
+    @property
+    def job_wide(self) -> bool:
+        """One service for the whole job (a master shared by every rank, split indices over the whole dataset), or
+        one per rank over that rank's share of the splits."""
+        return self is DppBackendKind.ray
+
 
 class SweepMetric(Enum):
     """Columns of the sweep summary: planner estimates (plan.json) and training measurements (metrics.json)."""

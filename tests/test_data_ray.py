@@ -94,6 +94,7 @@ def test_train_with_the_ray_backend(cli, tmp_path):
     # The planned worker host (64 CPUs) does not fit this machine's local Ray: scaled down, said once.
     assert r.stdout.count("Ray worker actor(s) of 64 CPUs each") == 1, r.stdout
     assert r.stdout.count("warning: DPP worker shape cpu_host_64c asks 64 CPUs") == 1, r.stdout
+    assert r.stdout.count("DPP: started a Ray of this run's own at ") == 1, r.stdout  # which Ray it used
     assert "Traceback" not in r.stderr
     print(f"ray train run: {time.monotonic() - t0:.0f} s")
 
@@ -108,7 +109,7 @@ def test_ranks_fetch_without_waiting_for_each_other_and_checkpoint_a_look_ahead_
     from neocfg.types import DppBackendKind
 
     cfg = dataset_ray
-    setup = setup_for(cfg, workers=2, num_clients=2)
+    setup = setup_for(cfg, workers=2, num_clients=2, limits={"stall_timeout_s": 30.0})
     opts = RayOptions(namespace="neocfg-test", master_name="job-marks", owner=True,
                       resources=WorkerResources(cpus=0.5, memory_bytes=2**28))
     count = WorkerCount(2, 2, WorkerCountSource.fixed)
@@ -117,10 +118,10 @@ def test_ranks_fetch_without_waiting_for_each_other_and_checkpoint_a_look_ahead_
     trained: list[np.ndarray] = []
     marks = []
     try:
-        t0 = time.monotonic()
-        trained += [srcs[0].next_batch().sample_ids.numpy() for _ in range(14)]
-        assert time.monotonic() - t0 < 60
-        trained += [srcs[1].next_batch().sample_ids.numpy() for _ in range(14)]  # the same step: a checkpoint
+        for s in srcs:  # a trainer marks before every batch; rank 1 takes nothing until rank 0 took 14
+            for _ in range(14):
+                s.mark()
+                trained.append(s.next_batch().sample_ids.numpy())
         for s in srcs:
             marks.append(s.mark())
             for _ in range(2):  # fetched ahead, never trained: a resume delivers them again
