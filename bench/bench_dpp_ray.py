@@ -47,7 +47,11 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=262144)
     ap.add_argument("--record", action="store_true", help="write the section of bench/RESULTS.md")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp_ray.json")
+    ap.add_argument("--record-from", type=Path, help="only write the section from this earlier run's JSON")
     args = ap.parse_args()
+    if args.record_from:
+        record(json.loads(args.record_from.read_text()))
+        return
     with tempfile.TemporaryDirectory(prefix="bench_dpp_ray_") as tmp:
         cwd = Path(tmp)
         data = cwd / "ds"
@@ -75,18 +79,25 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
     if args.record:
-        lines = [f"The same 2-rank dlrm_tiny `mode=train` job on the "
-                 f"same Parquet data ({args.samples:,} samples), `dsi.backend=local` and `dsi.backend=ray` (the run's "
-                 f"own Ray), interleaved, best of {args.reps}.", "",
-                 "| backend | samples/s (each run) | best | stall at best | duplicates |", "|---|---|---|---|---|"]
-        for b in ("local", "ray"):
-            each = ", ".join(f"{r['samples_per_s']:,.0f}" for r in runs[b])
-            lines.append(f"| {b} | {each} | {best[b]['samples_per_s']:,.0f} | {100 * best[b]['stall']:.2f}% | "
-                         f"{sum(r['duplicates'] for r in runs[b])} |")
-        lines += ["", f"Ray / local: **{ratio:.3f}x** samples/s (target >= {TARGET_RATIO}), Ray stall "
-                      f"{100 * best['ray']['stall']:.2f}% (target <= {100 * TARGET_STALL:.0f}%): "
-                      f"{'met' if ok else 'not met'}."]
-        record_results("DPP on Ray vs local", "\n".join(lines))
+        record(out)
+
+
+def record(out: dict) -> None:
+    """Write the section of bench/RESULTS.md from a run's JSON."""
+    runs, best, ratio, ok = out["runs"], out["best"], out["ray_over_local"], out["met"]
+    lines = [f"The same 2-rank dlrm_tiny `mode=train` job on the "
+             f"same Parquet data ({out['samples']:,} samples), `dsi.backend=local` and `dsi.backend=ray` (the run's "
+             f"own Ray), interleaved, best of {out['reps']}; measured by `bench/bench_dpp_ray.py --steps {out['steps']} "
+             f"--reps {out['reps']}` (each run's number shows the machine's noise; 2 shared cores).", "",
+             "| backend | samples/s (each run) | best | stall at best | duplicates |", "|---|---|---|---|---|"]
+    for b in ("local", "ray"):
+        each = ", ".join(f"{r['samples_per_s']:,.0f}" for r in runs[b])
+        lines.append(f"| {b} | {each} | {best[b]['samples_per_s']:,.0f} | {100 * best[b]['stall']:.2f}% | "
+                     f"{sum(r['duplicates'] for r in runs[b])} |")
+    lines += ["", f"Ray / local: **{ratio:.3f}x** samples/s (target >= {TARGET_RATIO}), Ray stall "
+                  f"{100 * best['ray']['stall']:.2f}% (target <= {100 * TARGET_STALL:.0f}%): "
+                  f"{'met' if ok else 'not met'}."]
+    record_results("DPP on Ray vs local", "\n".join(lines))
 
 
 if __name__ == "__main__":
