@@ -9,8 +9,8 @@ neocfg before the vectorized router; --legacy-reps 0 skips it). Plans: every tab
 tables row-wise over all 128 ranks (k = 10, 50, 100 by default); then the sender side with 100 tables row-wise at
 worlds 16..128, where the table pieces grow with the world and the ids do not. The receive side is timed on the
 rank that receives the most ids (--receiver worst; or a rank number). Row-sharded ids travel in the encoding the
-router picks for the plan (routing.choose_encoding); --encodings lengths,codes times both side by side instead, and
---dtypes int32,int64 both id dtypes (default: routing.id_dtype's choice).
+router is given for the plan (neocfg.planner.strategies.routing_encoding); --encodings lengths,codes times both
+side by side instead, and --dtypes int32,int64 both id dtypes (default: the plan's, planner.strategies.id_dtype).
 The process keeps freed memory as a training rank does (launch.keep_freed_memory).
 
     .venv/bin/python bench/bench_routing.py [--world 128] [--batch 256] [--rw 0,10,50,100] [--reps 10] [--out r.json]
@@ -35,7 +35,8 @@ from neocfg.data.synthetic import SyntheticData  # noqa: E402
 from neocfg.runtime.launch import keep_freed_memory  # noqa: E402
 from neocfg.runtime.layout import Layout, build_layout  # noqa: E402
 from neocfg.runtime.plans import rule_plan  # noqa: E402
-from neocfg.runtime.routing import IdRouter, RwEncoding  # noqa: E402
+from neocfg.planner.strategies import id_dtype, routing_encoding  # noqa: E402
+from neocfg.runtime.routing import ID_DTYPES, IdRouter, RwEncoding  # noqa: E402
 from neocfg.types import ShardingType  # noqa: E402
 
 
@@ -90,8 +91,8 @@ def main() -> None:
     ap.add_argument("--distinct-batches", type=int, default=8,
                     help="source ranks cycle through this many generated batches (generation is the slow part)")
     ap.add_argument("--receiver", default="worst", help="rank whose receive side is timed, or 'worst'")
-    ap.add_argument("--encodings", default="auto", help="auto (the router's choice) or a list of lengths,codes")
-    ap.add_argument("--dtypes", default="auto", help="auto (routing.id_dtype's choice) or a list of int32,int64")
+    ap.add_argument("--encodings", default="auto", help="auto (the plan's choice) or a list of lengths,codes")
+    ap.add_argument("--dtypes", default="auto", help="auto (the plan's choice) or a list of int32,int64")
     ap.add_argument("--out")
     a = ap.parse_args()
     torch.set_num_threads(1)
@@ -114,6 +115,8 @@ def main() -> None:
         layouts = [build_layout(plan, model, r) for r in range(a.world)]
         pieces = sum(len(t.shards) for t in plan.tables)
         for enc, dt in [(e, d) for e in encodings for d in dtypes]:
+            enc = enc or routing_encoding(plan, model)
+            dt = dt or ID_DTYPES[id_dtype(plan, a.batch)]
             routers = [IdRouter(lay, a.batch, torch.device("cpu"), enc, dt) for lay in layouts]
             # what every rank receives from every source (their routing is untimed setup)
             routed = [router.route(bt) for router, bt in zip(routers, batches)]
@@ -147,7 +150,8 @@ def main() -> None:
     sharding = {t.name: ShardingType.row_wise if t.name in rw else ShardingType.table_wise for t in model.tables}
     for w in [int(x) for x in a.scale_worlds.split(",") if x]:
         plan = rule_plan(model, world=w, devices_per_node=min(8, w), batch_size=a.batch, sharding=sharding)
-        router = IdRouter(build_layout(plan, model, 0), a.batch, torch.device("cpu"))
+        router = IdRouter(build_layout(plan, model, 0), a.batch, torch.device("cpu"), routing_encoding(plan, model),
+                          ID_DTYPES[id_dtype(plan, a.batch)])
         route_ms, route_med = _ms(lambda: router.route(batches[0]), a.reps)
         pieces = sum(len(t.shards) for t in plan.tables)
         scaling.append({"world": w, "row_wise_tables": a.scale_rw, "table_pieces_in_world": pieces,

@@ -188,6 +188,7 @@ def _worker(rank: int, port: int, jobs: dict, steps: int, out_dir: str) -> None:
     import torch.distributed as dist
 
     from neocfg.interop.export import to_torchrec_dict
+    from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import Trainer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -199,7 +200,8 @@ def _worker(rank: int, port: int, jobs: dict, steps: int, out_dir: str) -> None:
             if kind == "torchrec":
                 step_fns[name] = _build_dmp(cfg, to_torchrec_dict(plan, "cpu"), rank)
             else:
-                trainer = Trainer(cfg, plan, None, torch.device("cpu"), source=bench_source(cfg, rank))
+                trainer = Trainer(cfg, with_strategies(cfg, plan, source_prefetches=False), None, torch.device("cpu"),
+                                  source=bench_source(cfg, rank))
                 step_fns[name] = lambda t=trainer: t.train_step()
         names = list(step_fns)
         times = {n: [] for n in names}

@@ -322,7 +322,8 @@ def router(repeats: int, model_name: str = "dlrm_tiny") -> dict[str, float]:
     from neocfg.data.synthetic import SyntheticData
     from neocfg.runtime.layout import build_layout
     from neocfg.runtime.plans import rule_plan
-    from neocfg.runtime.routing import IdRouter, deliver
+    from neocfg.planner.strategies import id_dtype, routing_encoding
+    from neocfg.runtime.routing import ID_DTYPES, IdRouter, deliver
     from neocfg.types import ShardingType
     from common import compose_cfg
 
@@ -337,7 +338,8 @@ def router(repeats: int, model_name: str = "dlrm_tiny") -> dict[str, float]:
         ids, ts = [], []
         for b in ROUTER_BATCHES:
             plan = rule_plan(model, world=2, devices_per_node=2, batch_size=b, sharding=sharding)
-            routers = [IdRouter(build_layout(plan, model, r), b, torch.device("cpu")) for r in range(2)]
+            enc, dt = routing_encoding(plan, model), ID_DTYPES[id_dtype(plan, b)]
+            routers = [IdRouter(build_layout(plan, model, r), b, torch.device("cpu"), enc, dt) for r in range(2)]
             batches = [data.batch(r * b, b) for r in range(2)]
             routed = [rt.route(bt) for rt, bt in zip(routers, batches)]
             recv = deliver(routed, routers, 0)
@@ -429,6 +431,7 @@ def _train_rank(env, cfg, plan, steps: int) -> dict[str, float]:
     slow whatever it overlaps (the planner charges the production as a term of its own, `data_ms`)."""
     import neocfg.data.source as source
     import neocfg.runtime.routing as routing
+    from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import WARMUP_STEPS, Trainer
 
     source.Prefetcher = lambda inner, pin_memory=False: inner
@@ -451,7 +454,7 @@ def _train_rank(env, cfg, plan, steps: int) -> dict[str, float]:
     routing.IdRouter.route = timed_call(routing.IdRouter.route, "route")
     routing.IdRouter.receive = timed_call(routing.IdRouter.receive, "receive")
     routing.IdRouter.finish = timed_call(routing.IdRouter.finish, "finish")
-    trainer = Trainer(cfg, plan, None, env.device)
+    trainer = Trainer(cfg, with_strategies(cfg, plan), None, env.device)
     for _ in range(steps):
         trainer.train_step()
         trainer.step += 1
@@ -507,9 +510,10 @@ DP_SETS = (("t3", "t7"), ("t2", "t4", "t6"))
 
 def _dp_rank(env, cfg, plan, steps: int) -> dict[str, float]:
     """One rank of a short mode=train run: its replicas' all-reduce per step (the comm_dp lap, after warm-up)."""
+    from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import WARMUP_STEPS, Trainer
 
-    trainer = Trainer(cfg, plan, None, env.device)
+    trainer = Trainer(cfg, with_strategies(cfg, plan), None, env.device)
     laps = []
     for _ in range(steps):
         _, times = trainer.train_step()

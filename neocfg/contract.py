@@ -19,13 +19,23 @@ from neocfg.types import PlanExport
 
 def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
     """mode=train's plan: planner.plan_file checked against the model and the world, or a new plan (advice when
-    none fits); with the data-parallel tables' backward terms priced for this config."""
+    none fits); with the data-parallel tables' backward terms priced for this config. The step's strategies are the
+    plan file's when it has them (a note says where this config would choose otherwise), else resolved for cfg."""
     from neocfg.planner.assemble import replica_backward_ms
+    from neocfg.planner.strategies import resolve as resolve_strategies
+    from neocfg.planner.strategies import with_strategies
 
     if cfg.planner.plan_file:
         from neocfg.plan_check import load_plan_file
 
         plan = load_plan_file(cfg.planner.plan_file, cfg.model, cfg.hardware.num_devices)
+        if plan.strategies is None:
+            plan = with_strategies(cfg, plan)
+        else:
+            resolved = resolve_strategies(cfg, plan)
+            if resolved != plan.strategies:
+                print(f"neocfg: note: running the plan file's strategies ({plan.strategies.describe()}); this config"
+                      f" would resolve to {resolved.describe()}")
     else:
         from neocfg.planner.advice import plan_or_advise
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Optional
 
 from neocfg.fileio import read_json, write_text_atomic
-from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
+from neocfg.types import (CommDtype, DenseGradSync, IdDtype, IdsExchange, MemoryTier, RoutingEncoding, ShardingType,
+                          WeightsDtype)
 
 PLAN_FORMAT_VERSION = 1
 # SolverReport.algorithm of a plan rated as given (planner.plan_file in mode=plan, a converted TorchRec plan).
@@ -103,6 +105,33 @@ class DppSizing:
 
 
 @dataclass(frozen=True)
+class StepStrategies:
+    """How the runtime runs a step of this plan: every choice that changes what a step issues and costs, resolved by
+    the planner from config and hardware (neocfg.planner.strategies) or pinned in a given plan file. The runtime
+    reads these and decides none of them itself."""
+
+    pipeline: bool                        # the next batch's ids sent while this one computes (one id collective)
+    ids_exchange: IdsExchange             # step or prefetch (a CPU rank's data-source thread, a batch ahead)
+    dense_grad_sync: DenseGradSync        # ddp (DDP's all-reduce) or exchange (in the embeddings' backward a2a)
+    id_dtype: IdDtype                     # what ids, lengths and bag codes travel as
+    routing_encoding: RoutingEncoding     # how row-sharded tables' ids travel
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "StepStrategies":
+        return StepStrategies(pipeline=bool(d["pipeline"]), ids_exchange=IdsExchange(d["ids_exchange"]),
+                              dense_grad_sync=DenseGradSync(d["dense_grad_sync"]), id_dtype=IdDtype(d["id_dtype"]),
+                              routing_encoding=RoutingEncoding(d["routing_encoding"]))
+
+    def describe(self) -> str:
+        return (f"pipeline {'on' if self.pipeline else 'off'}, ids exchanged in the {self.ids_exchange.value},"
+                f" dense gradients by {self.dense_grad_sync.value}, ids {self.id_dtype.value},"
+                f" row-sharded ids as {self.routing_encoding.value}")
+
+
+@dataclass(frozen=True)
 class Plan:
     model_name: str
     world_size: int
@@ -116,6 +145,7 @@ class Plan:
     estimate: Estimate
     solver: SolverReport
     dpp: Optional[DppSizing] = None
+    strategies: Optional[StepStrategies] = None
 
     def table(self, name: str) -> TablePlan:
         for t in self.tables:
@@ -131,7 +161,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         def enc(obj: Any) -> Any:
-            if isinstance(obj, (ShardingType, MemoryTier, WeightsDtype, CommDtype)):
+            if isinstance(obj, Enum):
                 return obj.value
             if isinstance(obj, dict):
                 return {k: enc(v) for k, v in obj.items()}
@@ -158,7 +188,8 @@ class Plan:
             a2a_fwd_dtype=CommDtype(d["a2a_fwd_dtype"]), a2a_bwd_dtype=CommDtype(d["a2a_bwd_dtype"]),
             tables=tables, devices=tuple(DeviceEstimate(**x) for x in d["devices"]),
             estimate=Estimate(**d["estimate"]), solver=SolverReport(**d["solver"]),
-            dpp=DppSizing(**d["dpp"]) if d.get("dpp") else None)
+            dpp=DppSizing(**d["dpp"]) if d.get("dpp") else None,
+            strategies=StepStrategies.from_dict(d["strategies"]) if d.get("strategies") else None)
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves either the old file or the new one, never half of one."""

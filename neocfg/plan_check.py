@@ -14,7 +14,8 @@ from neocfg.config.model import ModelConfig
 from neocfg.errors import DataError
 from neocfg.plan import Plan
 from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES
-from neocfg.types import CommDtype, MemoryTier, ShardingType, WeightsDtype
+from neocfg.types import (CommDtype, DenseGradSync, IdDtype, IdsExchange, MemoryTier, RoutingEncoding, ShardingType,
+                          WeightsDtype)
 
 _SHARD_FIELDS = ("rank", "row_offset", "num_rows", "col_offset", "num_cols")
 
@@ -93,9 +94,25 @@ def check_plan_dict(d: Any, source: str) -> None:
                                                    f"allowed: {', '.join(_SHARD_FIELDS)}")
             for key in _SHARD_FIELDS:
                 c.int_field(s, key, f"{where} shard {j}")
+    _check_strategies(c, d.get("strategies"))
     for key in ("devices", "estimate", "solver"):
         if key not in d:
             raise c.fail("plan", f"missing {key} (a plan.json as mode=plan writes it has one)")
+
+
+def _check_strategies(c: _Checker, st: Any) -> None:
+    """The optional strategies section: resolved choices only (no auto), each of its allowed values."""
+    if st is None:
+        return
+    if not isinstance(st, dict):
+        raise c.fail("strategies", f"expected an object, got {type(st).__name__}")
+    if not isinstance(st.get("pipeline"), bool):
+        raise c.fail("strategies", f"pipeline={st.get('pipeline')!r} must be true or false")
+    for key, enum in (("ids_exchange", IdsExchange), ("dense_grad_sync", DenseGradSync), ("id_dtype", IdDtype),
+                      ("routing_encoding", RoutingEncoding)):
+        allowed = [m.value for m in enum if m.value != "auto"]
+        if st.get(key) not in allowed:
+            raise c.fail("strategies", f"{key}={st.get(key)!r} is not one of {', '.join(allowed)}")
 
 
 def _covers_exactly_once(rows: int, cols: int, rects: Sequence[tuple[int, int, int, int]]) -> Optional[str]:

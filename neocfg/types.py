@@ -78,8 +78,8 @@ class DenseOptimizer(Enum):
 class DenseGradSync(Enum):
     """How the dense gradients are averaged over ranks. ddp: DistributedDataParallel's bucketed all-reduce; exchange:
     in the embeddings' backward all-to-all (one collective fewer; each rank sends world x the dense gradients);
-    auto: exchange when that is small (neocfg.runtime.dlrm.DENSE_FOLD_MAX_BYTES) and the plan has an all-to-all
-    output, else ddp."""
+    auto: exchange when that is small (neocfg.planner.strategies.DENSE_FOLD_MAX_BYTES) and the plan has an
+    all-to-all output, else ddp (resolved by the planner into plan.json's strategies)."""
 
     auto = "auto"
     ddp = "ddp"
@@ -89,12 +89,31 @@ class DenseGradSync(Enum):
 class IdsExchange(Enum):
     """Where a CPU rank exchanges each batch's ids (route, all-to-alls, receive). step: in the step (pipelined under
     train.pipeline); prefetch: in the data source's prefetch thread, a batch ahead, on a process group of its own;
-    auto: prefetch when some table is row-sharded (neocfg.runtime.routing.exchange_in_prefetch), else step. GPU
-    ranks always exchange in the step (on the device)."""
+    auto: prefetch when some table is row-sharded (neocfg.planner.strategies.ids_exchange), else step. GPU
+    ranks, and sources without a prefetch thread (only the synthetic one has it), always exchange in the step."""
 
     auto = "auto"
     prefetch = "prefetch"
     step = "step"
+
+
+class IdDtype(Enum):
+    """The integer type the ids, lengths and bag codes travel and are looked up in (StepStrategies.id_dtype)."""
+
+    int32 = "int32"
+    int64 = "int64"
+
+    @property
+    def bytes(self) -> int:
+        return {"int32": 4, "int64": 8}[self.value]
+
+
+class RoutingEncoding(Enum):
+    """How row-sharded tables' ids travel (neocfg.runtime.routing): lengths (TorchRec's: [B] lengths per piece
+    beside its ids) or codes (each id with its bag code: costs grow with the ids only)."""
+
+    lengths = "lengths"
+    codes = "codes"
 
 
 class DensePrecision(Enum):

@@ -34,11 +34,12 @@ class RunState:
 
 
 def _rank_fn(env: RankEnv, jobs: list[tuple[NeocfgConfig, Plan]]) -> list[dict[str, Any]]:
+    from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import Trainer
 
     out = []
     for cfg, plan in jobs:
-        trainer = Trainer(cfg, plan, None, env.device)
+        trainer = Trainer(cfg, with_strategies(cfg, plan), None, env.device)
         result = trainer.run(resume=False, show_progress=False)
         out.append({"losses": result.losses, "shards": trainer.emb.shard_state(),
                     "dense": {k: v.clone() for k, v in trainer.dense.state_dict().items()},

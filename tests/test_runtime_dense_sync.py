@@ -12,7 +12,7 @@ import torch
 
 from conftest import compose_cfg
 from neocfg.errors import ConfigError
-from neocfg.runtime.dlrm import DENSE_FOLD_MAX_BYTES, fold_dense_grads
+from neocfg.planner.strategies import DENSE_FOLD_MAX_BYTES, dense_grad_sync
 from neocfg.runtime.plans import rule_plan
 from neocfg.types import Backend, CommDtype, DenseGradSync, DenseOptimizer, ShardingType as S
 
@@ -24,11 +24,12 @@ def _train(env, jobs):
     """Rank fn: per (cfg, plan), the losses, the dense weights and whether DDP ran."""
     from torch.nn.parallel import DistributedDataParallel
 
+    from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import Trainer
 
     out = []
     for cfg, plan in jobs:
-        trainer = Trainer(cfg, plan, None, env.device)
+        trainer = Trainer(cfg, with_strategies(cfg, plan), None, env.device)
         result = trainer.run(resume=False, show_progress=False)
         out.append({"losses": result.losses, "ddp": isinstance(trainer.model, DistributedDataParallel),
                     "dense": {k: v.clone() for k, v in trainer.dense.state_dict().items()}})
@@ -69,11 +70,12 @@ def _initial_dense(cfg) -> dict[str, torch.Tensor]:
 
 def test_auto_folds_only_small_dense_parts_with_an_all_to_all():
     small = DENSE_FOLD_MAX_BYTES // (4 * 2)        # parameters that fit for 2 ranks
-    assert fold_dense_grads(DenseGradSync.auto, small, 2, True)
-    assert not fold_dense_grads(DenseGradSync.auto, small + 1, 2, True)
-    assert not fold_dense_grads(DenseGradSync.auto, small, 4, True)
-    assert not fold_dense_grads(DenseGradSync.auto, 10, 2, False)       # e.g. only row-wise tables
-    assert not fold_dense_grads(DenseGradSync.ddp, 10, 2, True)
-    assert fold_dense_grads(DenseGradSync.exchange, 10 * small, 2, True)
+    ex, ddp = DenseGradSync.exchange, DenseGradSync.ddp
+    assert dense_grad_sync(DenseGradSync.auto, small, 2, True) is ex
+    assert dense_grad_sync(DenseGradSync.auto, small + 1, 2, True) is ddp
+    assert dense_grad_sync(DenseGradSync.auto, small, 4, True) is ddp
+    assert dense_grad_sync(DenseGradSync.auto, 10, 2, False) is ddp       # e.g. only row-wise tables
+    assert dense_grad_sync(ddp, 10, 2, True) is ddp
+    assert dense_grad_sync(ex, 10 * small, 2, True) is ex
     with pytest.raises(ConfigError, match="train.dense_grad_sync"):
-        fold_dense_grads(DenseGradSync.exchange, 10, 2, False)
+        dense_grad_sync(ex, 10, 2, False)

@@ -31,7 +31,7 @@ def test_headers_carry_the_next_batch_counts(sharding, encoding):
     sh = {t.name: s for t, s in zip(cfg.model.tables, MIX)} if sharding == "mix" else sharding
     plan = rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=B, sharding=sh)
     layouts = [build_layout(plan, cfg.model, r) for r in range(world)]
-    routers = [IdRouter(lay, B, torch.device("cpu"), encoding) for lay in layouts]
+    routers = [IdRouter(lay, B, torch.device("cpu"), encoding, torch.int32) for lay in layouts]
     now = [_batch(cfg, 100 + r) for r in range(world)]
     nxt = [_batch(cfg, 200 + r) for r in range(world)]
     routed = [rt.route(bt) for rt, bt in zip(routers, now)]
@@ -52,9 +52,10 @@ def _count_id_all_to_alls(env, cfg, plan):
     """Rank fn: train cfg.train.steps steps; the all-to-alls issued on the id group."""
     import torch.distributed as dist
 
+    from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import Trainer
 
-    trainer = Trainer(cfg, plan, None, env.device)
+    trainer = Trainer(cfg, with_strategies(cfg, plan), None, env.device)
     calls = []
     real = dist.all_to_all_single
 

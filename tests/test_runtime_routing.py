@@ -14,7 +14,9 @@ from conftest import compose_cfg
 from neocfg.batch import Batch
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.plans import rule_plan
-from neocfg.runtime.routing import IdRouter, RwEncoding, choose_encoding, deliver, id_dtype
+from neocfg.planner.strategies import id_dtype, routing_encoding
+from neocfg.runtime.routing import IdRouter, RwEncoding, deliver
+from neocfg.types import IdDtype
 from neocfg.types import ShardingType as S, WeightsDtype
 
 B = 5
@@ -82,15 +84,15 @@ def test_ids_travel_as_int32_when_they_fit():
     cfg = compose_cfg([])
     plan = rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=B, sharding=S.row_wise)
     layout = build_layout(plan, cfg.model, 0)
-    assert id_dtype(layout, B) is torch.int32 and IdRouter(layout, B, torch.device("cpu")).dtype is torch.int32
+    assert id_dtype(plan, B) is IdDtype.int32
     n_f = max(len(r.features) for r in layout.ranks)
-    assert id_dtype(layout, (2**31 - 2) // (n_f * 2)) is torch.int32
-    assert id_dtype(layout, (2**31 - 1) // (n_f * 2) + 1) is torch.int64
+    assert id_dtype(plan, (2**31 - 2) // (n_f * 2)) is IdDtype.int32
+    assert id_dtype(plan, (2**31 - 1) // (n_f * 2) + 1) is IdDtype.int64
     tables = list(cfg.model.tables)
     big = dataclasses.replace(cfg.model, tables=[dataclasses.replace(tables[0], num_embeddings=2**31 - 1)]
                               + tables[1:])
     plan = rule_plan(big, world=2, devices_per_node=2, batch_size=B, sharding=S.row_wise)
-    assert id_dtype(build_layout(plan, big, 0), B) is torch.int64
+    assert id_dtype(plan, B) is IdDtype.int64
 
 
 def test_encoding_follows_length_entries_against_ids():
@@ -103,10 +105,11 @@ def test_encoding_follows_length_entries_against_ids():
         model = dataclasses.replace(cfg.model, tables=[dataclasses.replace(t, pooling_factor=pooling)
                                                        for t in tables])
         plan = rule_plan(model, world=world, devices_per_node=world, batch_size=B, sharding=S.row_wise)
-        assert choose_encoding(build_layout(plan, model, 0)) is want, (world, pooling)
+        assert routing_encoding(plan, model) is want, (world, pooling)
     plan = rule_plan(cfg.model, world=4, devices_per_node=2, batch_size=B, sharding=S.table_wise)
-    assert IdRouter(build_layout(plan, cfg.model, 0), B, torch.device("cpu"), RwEncoding.codes).encoding \
-        is RwEncoding.lengths   # nothing row-sharded: no codes to send
+    assert routing_encoding(plan, cfg.model) is RwEncoding.lengths
+    router = IdRouter(build_layout(plan, cfg.model, 0), B, torch.device("cpu"), RwEncoding.codes, torch.int32)
+    assert router.encoding is RwEncoding.lengths   # nothing row-sharded: no codes to send
 
 
 @pytest.fixture
@@ -140,7 +143,8 @@ def test_ids_exchanged_ahead_are_the_ones_the_step_looks_up(one_rank_gloo):
     def embeddings():
         return ShardedEmbeddings(layout, Comm(one_rank_gloo, 0, 1), cfg.train, 8, plan.a2a_fwd_dtype,
                                  plan.a2a_bwd_dtype, torch.device("cpu"), Stopwatch(torch.device("cpu")), seed=0,
-                                 dp_group=dist.new_group(), id_group=dist.new_group(), ahead_group=dist.new_group())
+                                 dp_group=dist.new_group(), id_group=dist.new_group(), ahead_group=dist.new_group(),
+                                 encoding=RwEncoding.lengths, id_dtype=torch.int32)
 
     emb, other = embeddings(), embeddings()
     source = Prefetcher(SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, 8))

@@ -11,6 +11,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
 from neocfg.planner.costs import CostModel, DenseCost, data_ms
 from neocfg.perf import Perf
+from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
 from neocfg.types import MemoryTier
@@ -85,7 +86,8 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         dpp=None)
     dp_update, dp_all_reduce = replica_backward_ms(cfg, plan, cost)
     return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, dp_update_ms=dp_update,
-                                                                  dp_all_reduce_ms=dp_all_reduce))
+                                                                  dp_all_reduce_ms=dp_all_reduce),
+                               strategies=resolve_strategies(cfg, plan))
 
 
 def replica_backward_ms(cfg: NeocfgConfig, plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:

@@ -64,6 +64,7 @@ def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str, check_memory: bool = T
     step = rated.estimate.step_ms
     rated = dataclasses.replace(
         rated, tables=tuple(by_name[t.name] for t in cfg.model.tables),
+        strategies=plan.strategies or rated.strategies,   # a plan file's own strategies are what it runs
         solver=SolverReport(algorithm=GIVEN_PLAN_ALGORITHM, status=GIVEN_STATUS,
                             seconds=time.perf_counter() - start, objective_ms=step, lower_bound_ms=0.0, gap=1.0,
                             placement_source=PlacementSource.given.value))

@@ -78,6 +78,7 @@ def summary(cfg: NeocfgConfig, plan: Plan) -> str:
         + "; tiers: " + ", ".join(f"{k} {v}" for k, v in sorted(per_tier.items()))
         + "; weights: " + ", ".join(f"{k} {v}" for k, v in sorted(per_dtype.items())),
         f"estimate: step {e.step_ms:,.3f} ms (dense {e.dense_ms:,.3f} ms), {e.samples_per_s:,.0f} samples/s",
+        f"step: {plan.strategies.describe() if plan.strategies else 'strategies not resolved'}",
         (f"solver {s.algorithm}: {s.status}; rated in {s.seconds:.2f} s" if s.algorithm == GIVEN_PLAN_ALGORITHM else
          f"solver {s.algorithm}: {s.status}; objective {s.objective_ms:,.4f} ms, lower bound"
          f" {s.lower_bound_ms:,.4f} ms (over every plan of the enumerated options), gap {100 * s.gap:.2f}%,"

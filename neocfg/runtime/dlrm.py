@@ -181,15 +181,6 @@ def build_dense(model: ModelConfig, seed: int, device: torch.device, onednn: boo
 DDP_OPTIONS = {"forward_sync_buffers": False, "gradient_as_bucket_view": True, "static_graph": True}
 
 
-# DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
-# it (world x the dense parameters' bytes) is at most this. Measured (bench_vs_torchrec, 2 gloo ranks, one thread):
-# tiny8's MLPs (9k parameters, 72 KB for 2 ranks) step faster folded than under DDP (one collective and DDP's
-# hooks less); criteo's (475k parameters, 3.8 MB) stay with DDP, whose bucketed all-reduce overlaps their ~10 ms
-# backward. Between the two is not measured; an all-to-all sends world x what a ring all-reduce sends, so the fold
-# is for small dense parts.
-DENSE_FOLD_MAX_BYTES = 1 << 20
-
-
 class DenseGrads:
     """The dense parameters' gradients in one flat fp32 buffer, each parameter's .grad a view of it (like DDP's
     gradient_as_bucket_view), for averaging over ranks in a collective of the caller's: zero() before backward
@@ -214,19 +205,6 @@ class DenseGrads:
     def average(self, everyone: torch.Tensor) -> None:
         torch.sum(everyone, dim=0, out=self.flat)
         self.flat.div_(everyone.shape[0])
-
-
-def fold_dense_grads(sync, dense_params: int, world: int, exchange_has_all_to_all: bool) -> bool:
-    """Whether the dense gradients ride in the embeddings' backward all-to-all (DenseGradSync)."""
-    from neocfg.errors import ConfigError
-    from neocfg.types import DenseGradSync
-
-    if sync is DenseGradSync.exchange and not exchange_has_all_to_all:
-        raise ConfigError("train.dense_grad_sync", sync.value, "the plan exchanges no pooled output by all-to-all "
-                          "(e.g. only row-wise or data-parallel tables); allowed here: auto, ddp")
-    if sync is DenseGradSync.ddp or not exchange_has_all_to_all:
-        return False
-    return sync is DenseGradSync.exchange or world * dense_params * 4 <= DENSE_FOLD_MAX_BYTES
 
 
 # Fan-in up to which a weight matrix takes train.dense_learning_rate as it is; a wider one (adagrad, adam) takes

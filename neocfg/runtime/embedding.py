@@ -20,7 +20,7 @@ from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
 from neocfg.runtime.replicated import ReplicatedEmbeddings
-from neocfg.runtime.routing import Exchanged, IdRouter, LocalLookups, PendingIds, Routed
+from neocfg.runtime.routing import Exchanged, IdRouter, LocalLookups, PendingIds, Routed, RwEncoding
 from neocfg.runtime.timing import BackwardMark
 
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
@@ -57,7 +57,7 @@ class ShardedEmbeddings(nn.Module):
 
     def __init__(self, layout: Layout, comm: Comm, train: TrainConfig, batch_size: int, fwd_dtype: CommDtype,
                  bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int, dp_group=None,
-                 id_group=None, ahead_group=None) -> None:
+                 id_group=None, ahead_group=None, *, encoding: RwEncoding, id_dtype: torch.dtype) -> None:
         """id_group: the step's id exchange (default comm.group); ahead_group: prepare()'s, in the data source's
         thread (None: no prepare)."""
         super().__init__()
@@ -72,7 +72,7 @@ class ShardedEmbeddings(nn.Module):
                 w[:s.num_rows].copy_(init_rows(seed, s.table, layout.rows[s.table], layout.dims[s.table],
                                                s.row_offset, s.num_rows, s.col_offset, s.num_cols).to(w.dtype))
             self.tbes.append(tbe)
-        self.router = IdRouter(layout, batch_size, device)
+        self.router = IdRouter(layout, batch_size, device, encoding, id_dtype)
         self.id_group = comm.group if id_group is None else id_group
         self.ahead_group = ahead_group
         self.source_cols = [layout.source_columns(k).to(device) for k in EXCHANGED]

@@ -6,8 +6,8 @@ known on both sides without metadata exchange). Every destination receives from 
 in the destination's TBE feature order, so that the receiver's work is TorchRec's "recat": one permute from
 (source, feature) to (feature, source) order.
 
-Row-sharded tables (Routing.by_row) travel in one of two encodings, chosen per plan (RwEncoding; both sides know
-it):
+Row-sharded tables (Routing.by_row) travel in one of two encodings, chosen by the plan (its strategies'
+routing_encoding; both sides know it):
   lengths  TorchRec's: fbgemm's block_bucketize_sparse_features splits every row-sharded feature at once into
            row ranges (a counting sort in C++: ids grouped by (range, feature, sample), in order, rebased), and
            each destination gets the [B] lengths of each of its pieces beside their ids. Costs one length per
@@ -42,7 +42,6 @@ unsharded order.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -53,40 +52,21 @@ import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 from neocfg.batch import Batch
 from neocfg.runtime.layout import Layout
 from neocfg.sharding import Routing, row_block
-from neocfg.types import IdsExchange
+from neocfg.types import IdDtype, RoutingEncoding
 
 _permute_1d = torch.ops.fbgemm.permute_1D_sparse_data
 _bucketize = torch.ops.fbgemm.block_bucketize_sparse_features
 
-# The lengths encoding sends (row ranges x row-sharded tables x B) lengths per step, the codes encoding does a few
-# passes per row-sharded id. Measured (bench/bench_routing.py --rw 856 --encodings lengths,codes, one thread, int32
-# ids, prod_856 ids, route + worst receive) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length
-# entries per id (worlds 2..64, all tables row-wise): lengths 13.9 / 15.9 / 17.2 / 25.6 / 53.4 / 501 ms, codes
-# 36.9 / 33.5 / 27.5 / 29.6 / 38.8 / 60.3 ms; at 18 (128 ranks, 100 tables row-wise) route 27 vs 5.3 ms. The
-# crossover lies near 3.4 (linear between 2.82 and 5.65).
-LENGTH_ENTRIES_PER_ID = 3.0
-# Values below this travel as int32 (id_dtype): offsets of the ids of one step too must fit (2^31 - 1 ids).
-ID32_LIMIT = 2**31 - 1
+# The torch dtype of each IdDtype (the plan's strategies choose it: neocfg.planner.strategies.id_dtype).
+ID_DTYPES = {IdDtype.int32: torch.int32, IdDtype.int64: torch.int64}
 # Elements at the front of every destination's payload: the next batch's (ids, codes) counts for that destination
 # when the pipelined step sends them (send(then=...)), else zeros; then, where some rank has several TBE groups, the
 # ids of each of its groups (IdRouter.header = HEADER + groups).
 HEADER = 2
 
 
-def exchange_in_prefetch(mode: IdsExchange, layout: Layout) -> bool:
-    """train.ids_exchange: whether a CPU rank exchanges the ids in the data source's prefetch thread. auto: when some
-    table is row-sharded, whose routing (a bucketize of every row-sharded id) is the heavy part; measured by
-    bench/bench_856.py, paired runs: in the prefetch thread the row-wise step took 262-289 ms
-    vs 266-297 ms in the step (4 pairs, plus one in-step outlier of 404 ms), the table-wise one 185-199 vs 164-193
-    ms (3 pairs: its routing is light, and the thread's collectives and Python compete with the step)."""
-    if mode is IdsExchange.auto:
-        return any(k is Routing.by_row for k in layout.routings)
-    return mode is IdsExchange.prefetch
-
-
-class RwEncoding(enum.Enum):
-    lengths = "lengths"
-    codes = "codes"
+# How row-sharded ids travel (the plan's strategies choose it: neocfg.planner.strategies.routing_encoding).
+RwEncoding = RoutingEncoding
 
 
 @dataclass
@@ -147,38 +127,16 @@ def _offsets(lengths: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.cat([flat.new_zeros(1, dtype=dtype), torch.cumsum(flat, 0, dtype=dtype)])
 
 
-def id_dtype(layout: Layout, batch_size: int) -> torch.dtype:
-    """int32 for the ids, lengths and bag codes the router moves (half the bytes of int64 through every pass, the
-    all-to-all and the TBEs' inputs) when every value fits: rows of every table, and bag codes (features of a rank
-    x world x batch size); else int64."""
-    most_features = max((len(r.features) for r in layout.ranks), default=0)
-    largest = max([*layout.rows, most_features * layout.world * batch_size, 1])
-    return torch.int32 if largest < ID32_LIMIT else torch.int64
-
-
-def choose_encoding(layout: Layout) -> RwEncoding:
-    """lengths when the length entries it sends per sample (row ranges x row-sharded tables) are at most
-    LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample (the tables' pooling factors), else codes."""
-    rw = [t for t, k in enumerate(layout.routings) if k is Routing.by_row]
-    if not rw:
-        return RwEncoding.lengths
-    if not layout.pooling:
-        return RwEncoding.codes
-    parts = max(len(layout.table_holders(t)) for t in rw)
-    ids = sum(layout.pooling[t] for t in rw)
-    return RwEncoding.lengths if parts * len(rw) <= LENGTH_ENTRIES_PER_ID * ids else RwEncoding.codes
-
-
 class IdRouter:
     """Built once per (layout, batch size); route() and receive() run a constant number of ops per step."""
 
     def __init__(self, layout: Layout, batch_size: int, device: torch.device,
-                 encoding: Optional[RwEncoding] = None, dtype: Optional[torch.dtype] = None) -> None:
-        """encoding, dtype: choose_encoding's and id_dtype's choice unless given (tests, benchmarks)."""
+                 encoding: RwEncoding, dtype: torch.dtype) -> None:
+        """encoding, dtype: the plan's strategies (StepStrategies.routing_encoding, id_dtype)."""
         self.world, self.rank, self.b = layout.world, layout.rank, batch_size
-        self.encoding = choose_encoding(layout) if encoding is None else encoding
+        self.encoding = encoding
         self.device = device
-        self.dtype = id_dtype(layout, batch_size) if dtype is None else dtype
+        self.dtype = dtype
         b, world, n_tables = batch_size, layout.world, len(layout.rows)
         lt = dict(dtype=torch.long, device=device)
         whole = Routing.whole_table

@@ -32,13 +32,14 @@ from neocfg.plan import Plan
 from neocfg.run_metrics import DppCounters, RunMetrics, TermMs
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm, Purpose, purpose_group
-from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_autocast, fold_dense_grads,
-                                 make_dense_optimizer, set_matmul_precision)
+from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_autocast, make_dense_optimizer,
+                                 set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
 from neocfg.runtime.layout import OutputKind, build_layout
-from neocfg.runtime.routing import LocalLookups, PendingIds, Routed, exchange_in_prefetch
+from neocfg.runtime.routing import ID_DTYPES, LocalLookups, PendingIds, Routed
 from neocfg.runtime.metrics import evaluate
 from neocfg.runtime.timing import StepTimes, Stopwatch
+from neocfg.types import DenseGradSync, IdsExchange
 
 # Steps left out of the timing averages (first-touch allocation, thread pools warming up).
 WARMUP_STEPS = 2
@@ -89,6 +90,11 @@ class Trainer:
         self.comm = Comm(group=group, rank=self.rank, world=self.world, timeout=timeout)
         self.sw = Stopwatch(device, profile=cfg.train.profile)
         tc = cfg.train
+        if plan.strategies is None:
+            raise ConfigError("planner.plan_file", None, "the plan has no strategies section (how its step runs); "
+                              "plan it again with mode=plan, or resolve it with neocfg.planner.strategies."
+                              "with_strategies")
+        self.strategies = st = plan.strategies
         self.layout = build_layout(plan, cfg.model, self.rank)
         # data-parallel replicas all-reduce their gradient on a group of their own too
         dp_group = (purpose_group(Purpose.replicas, timeout) if self.layout.tables_of(OutputKind.replicated)
@@ -96,21 +102,24 @@ class Trainer:
         # ... and so do the ids, which the pipelined step sends while the exchange and DDP use theirs, and the ids
         # the prefetch thread exchanges ahead of the step (train.ids_exchange, CPU ranks; see below)
         id_group = purpose_group(Purpose.ids, timeout)
-        ahead = device.type == "cpu" and exchange_in_prefetch(tc.ids_exchange, self.layout)
+        ahead = st.ids_exchange is IdsExchange.prefetch
         ahead_group = purpose_group(Purpose.ids_ahead, timeout) if ahead else None
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
-                                     id_group=id_group, ahead_group=ahead_group)
+                                     id_group=id_group, ahead_group=ahead_group, encoding=st.routing_encoding,
+                                     id_dtype=ID_DTYPES[st.id_dtype])
         # The pipelined step's look-ahead (_pipelined_batch): this step's batch with its ids in flight, and the
         # next batch routed, each with the data position before it.
         self.inflight: Optional[tuple[Batch, PendingIds, Any]] = None
         self.queued: list[tuple[Batch, Routed, Any]] = []
         self.dense = build_dense(cfg.model, tc.seed, device)
         set_matmul_precision(tc.dense_precision, device)
-        n_dense = sum(p.numel() for p in self.dense.parameters())
         # The dense gradients ride in the embeddings' backward all-to-all (DenseGrads), or DDP all-reduces them.
         self.dense_grads: Optional[DenseGrads] = None
-        if fold_dense_grads(tc.dense_grad_sync, n_dense, self.world, self.emb.has_all_to_all):
+        if st.dense_grad_sync is DenseGradSync.exchange:
+            if not self.emb.has_all_to_all:
+                raise ConfigError("strategies.dense_grad_sync", st.dense_grad_sync.value,
+                                  "the plan exchanges no pooled output by all-to-all; allowed here: ddp")
             self.dense_grads, self.model = DenseGrads(self.dense), self.dense
         else:
             self.model = DistributedDataParallel(self.dense, **DDP_OPTIONS,
@@ -122,11 +131,15 @@ class Trainer:
         helper = getattr(self.source, "thread_ident", None)
         if helper is not None and device.type == "cpu":   # its CPU time is the step's prefetch lap
             self.sw.watch_helper(helper())
-        # train.ids_exchange (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send, receive:
-        # TorchRec's input dist, a batch ahead), overlapping the step; on a GPU they are routed on the device
-        prepare_with = getattr(self.source, "prepare_with", None)
-        self.ids_ahead = ahead_group is not None and prepare_with is not None
-        if self.ids_ahead:
+        # ids_exchange=prefetch (CPU ranks): the prefetch thread also exchanges each batch's ids (route, send,
+        # receive: TorchRec's input dist, a batch ahead), overlapping the step
+        self.ids_ahead = ahead
+        if ahead:
+            prepare_with = getattr(self.source, "prepare_with", None)
+            if prepare_with is None:
+                raise ConfigError("strategies.ids_exchange", st.ids_exchange.value,
+                                  f"the data source ({type(self.source).__name__}) has no prefetch thread to exchange"
+                                  f" the ids in; allowed here: step")
             prepare_with(self.emb.prepare)
         self.losses: list[float] = []
         self.step = 0
@@ -220,7 +233,7 @@ class Trainer:
         sw = self.sw
         sw.times = StepTimes()
         t0 = sw.now()
-        if self.cfg.train.pipeline and not self.ids_ahead:   # (ids_ahead: the batch comes with its lookups)
+        if self.strategies.pipeline and not self.ids_ahead:   # (ids_ahead: the batch comes with its lookups)
             batch, lookups = self._pipelined_batch()
         else:
             batch, lookups = self._fetch(route=False)[0], None

@@ -1,0 +1,114 @@
+"""The step's strategies (neocfg.plan.StepStrategies), resolved from config, hardware and the placement: what the
+runtime runs and the plan says. Every `auto` is decided here, by the rules below, and nowhere in the runtime.
+
+  ids_exchange      prefetch on CPU ranks whose data source has a prefetch thread (synthetic) when train.ids_exchange
+                    says so, or is auto and some table is row-sharded (its routing, a bucketize of every row-sharded
+                    id, is the heavy part); else step.
+  pipeline          train.pipeline, when the ids are exchanged in the step (prefetched ids leave it nothing to do).
+  dense_grad_sync   ddp, or exchange (the dense gradients in the embeddings' backward all-to-all): exchange when asked,
+                    or under auto while world x the dense parameters' bytes <= DENSE_FOLD_MAX_BYTES; never without
+                    an all-to-all output.
+  id_dtype          int32 when every table's rows and every bag code (features of a rank x world x batch) fit.
+  routing_encoding  lengths while the length entries per sample (row ranges x row-sharded tables) are at most
+                    LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample, else codes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from neocfg.config.model import ModelConfig
+from neocfg.config.schema import NeocfgConfig
+from neocfg.errors import ConfigError
+from neocfg.plan import Plan, StepStrategies
+from neocfg.planner.costs import dense_flops_and_params
+from neocfg.sharding import SCHEMES, OutputKind, Routing
+from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, RoutingEncoding
+
+# DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
+# it (world x the dense parameters' bytes) is at most this. Measured (bench_vs_torchrec, 2 gloo ranks, one thread):
+# tiny8's MLPs (9k parameters, 72 KB for 2 ranks) step faster folded than under DDP (one collective and DDP's
+# hooks less); criteo's (475k parameters, 3.8 MB) stay with DDP, whose bucketed all-reduce overlaps their ~10 ms
+# backward. Between the two is not measured; an all-to-all sends world x what a ring all-reduce sends, so the fold
+# is for small dense parts.
+DENSE_FOLD_MAX_BYTES = 1 << 20
+# The lengths encoding sends (row ranges x row-sharded tables x B) lengths per step, the codes encoding does a few
+# passes per row-sharded id. Measured (bench/bench_routing.py --rw 856 --encodings lengths,codes, one thread, int32
+# ids, prod_856 ids, route + worst receive) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length entries per id
+# (worlds 2..64, all tables row-wise): lengths 13.9 / 15.9 / 17.2 / 25.6 / 53.4 / 501 ms, codes 36.9 / 33.5 / 27.5 /
+# 29.6 / 38.8 / 60.3 ms; at 18 (128 ranks, 100 tables row-wise) route 27 vs 5.3 ms. The crossover lies near 3.4
+# (linear between 2.82 and 5.65).
+LENGTH_ENTRIES_PER_ID = 3.0
+# Values below this travel as int32: offsets of the ids of one step too must fit (2^31 - 1 ids).
+ID32_LIMIT = 2**31 - 1
+FP32 = 4
+
+
+def _row_sharded(plan: Plan) -> list[int]:
+    return [i for i, t in enumerate(plan.tables) if SCHEMES[t.sharding].routing is Routing.by_row]
+
+
+def has_all_to_all(plan: Plan) -> bool:
+    """Some table's pooled outputs come back by the all-to-all."""
+    return any(SCHEMES[t.sharding].output_kind([s.rank for s in t.shards], plan.world_size, plan.devices_per_node)
+               is OutputKind.all_to_all for t in plan.tables)
+
+
+def ids_exchange(mode: IdsExchange, plan: Plan, cpu_ranks: bool, source_prefetches: bool) -> IdsExchange:
+    if not (cpu_ranks and source_prefetches) or mode is IdsExchange.step:
+        return IdsExchange.step
+    if mode is IdsExchange.auto:
+        return IdsExchange.prefetch if _row_sharded(plan) else IdsExchange.step
+    return IdsExchange.prefetch
+
+
+def dense_grad_sync(sync: DenseGradSync, dense_params: int, world: int, all_to_all: bool) -> DenseGradSync:
+    if sync is DenseGradSync.exchange and not all_to_all:
+        raise ConfigError("train.dense_grad_sync", sync.value, "the plan exchanges no pooled output by all-to-all "
+                          "(e.g. only row-wise or data-parallel tables); allowed here: auto, ddp")
+    if sync is DenseGradSync.ddp or not all_to_all:
+        return DenseGradSync.ddp
+    if sync is DenseGradSync.exchange or world * dense_params * FP32 <= DENSE_FOLD_MAX_BYTES:
+        return DenseGradSync.exchange
+    return DenseGradSync.ddp
+
+
+def id_dtype(plan: Plan, batch_size: int) -> IdDtype:
+    """int32 when every table's rows and every bag code (a rank's looked-up features x world x batch) fit."""
+    features = Counter(s.rank for t in plan.tables if SCHEMES[t.sharding].kind is not OutputKind.replicated
+                       for s in t.shards)
+    largest = max([*(t.num_embeddings for t in plan.tables), max(features.values(), default=0)
+                   * plan.world_size * batch_size, 1])
+    return IdDtype.int32 if largest < ID32_LIMIT else IdDtype.int64
+
+
+def routing_encoding(plan: Plan, model: ModelConfig) -> RoutingEncoding:
+    rw = _row_sharded(plan)
+    if not rw:
+        return RoutingEncoding.lengths
+    pooling = {t.name: t.pooling_factor for t in model.tables}
+    parts = max(len(plan.tables[i].shards) for i in rw)
+    ids = sum(pooling[plan.tables[i].name] for i in rw)
+    return RoutingEncoding.lengths if parts * len(rw) <= LENGTH_ENTRIES_PER_ID * ids else RoutingEncoding.codes
+
+
+def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> StepStrategies:
+    """The strategies cfg asks for, every auto decided, for this plan on cfg's hardware. source_prefetches: whether
+    the batches come from a source with a prefetch thread (default: cfg's, the synthetic source has one)."""
+    tc = cfg.train
+    if source_prefetches is None:
+        source_prefetches = cfg.dsi.source is DataSource.synthetic
+    exchange = ids_exchange(tc.ids_exchange, plan, cfg.hardware.device.kind is DeviceKind.cpu, source_prefetches)
+    dense_params = dense_flops_and_params(cfg.model)[1]
+    return StepStrategies(
+        pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange,
+        dense_grad_sync=dense_grad_sync(tc.dense_grad_sync, dense_params, plan.world_size, has_all_to_all(plan)),
+        id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model))
+
+
+def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:
+    """The plan with its strategies resolved for cfg (those it carries are kept: pinned by a plan file)."""
+    if plan.strategies is not None:
+        return plan
+    return dataclasses.replace(plan, strategies=resolve(cfg, plan, source_prefetches))

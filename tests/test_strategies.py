@@ -1,0 +1,157 @@
+"""The plan says what runs: the planner resolves the step's strategies (pipelining, where ids are exchanged, how
+dense gradients are averaged, the id dtype, the routing encoding) into plan.json, mode=plan prints them, a user pins
+them in config or in a given plan file, and the runtime runs exactly those."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import compose_cfg
+from neocfg.plan import Plan, StepStrategies
+from neocfg.plan_check import PlanError, load_plan_file
+from neocfg.planner.strategies import resolve, with_strategies
+from neocfg.runtime.plans import rule_plan
+from neocfg.types import Backend, DenseGradSync, IdDtype, IdsExchange, RoutingEncoding
+from neocfg.types import ShardingType as S
+
+MIX = [S.table_wise, S.row_wise, S.column_wise, S.data_parallel, S.table_wise, S.row_wise, S.table_row_wise,
+       S.table_column_wise]
+
+
+def _plan(cfg, sharding=None, world=2):
+    sh = sharding or {t.name: s for t, s in zip(cfg.model.tables, MIX)}
+    return rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=cfg.train.batch_size, sharding=sh)
+
+
+def test_auto_resolves_from_config_and_placement():
+    cfg = compose_cfg(["train.batch_size=16"])
+    rw = resolve(cfg, _plan(cfg))
+    # a row-sharded table on CPU ranks with the synthetic source: ids exchanged a batch ahead, so no pipelining
+    assert (rw.ids_exchange, rw.pipeline) == (IdsExchange.prefetch, False)
+    assert rw.dense_grad_sync is DenseGradSync.exchange          # dlrm_tiny's 9k dense parameters, an a2a output
+    assert rw.id_dtype is IdDtype.int32 and rw.routing_encoding is RoutingEncoding.lengths
+    tw = resolve(cfg, _plan(cfg, S.table_wise))
+    assert (tw.ids_exchange, tw.pipeline) == (IdsExchange.step, True)
+    only_rw = resolve(cfg, _plan(cfg, S.row_wise))                 # no all-to-all output: nothing to fold into
+    assert only_rw.dense_grad_sync is DenseGradSync.ddp
+    gpu = compose_cfg(["train.batch_size=16", "hardware=zionex_1node"])
+    assert resolve(gpu, rule_plan(gpu.model, world=8, devices_per_node=8, batch_size=16,
+                                  sharding=S.row_wise)).ids_exchange is IdsExchange.step   # GPU: in the step
+
+
+def test_config_pins_each_choice():
+    cfg = compose_cfg(["train.batch_size=16", "train.ids_exchange=step", "train.pipeline=false",
+                       "train.dense_grad_sync=ddp"])
+    st = resolve(cfg, _plan(cfg))
+    assert (st.ids_exchange, st.pipeline, st.dense_grad_sync) == (IdsExchange.step, False, DenseGradSync.ddp)
+    parquet = compose_cfg(["train.batch_size=16", "train.ids_exchange=prefetch", "dsi=parquet_local"])
+    assert resolve(parquet, _plan(parquet)).ids_exchange is IdsExchange.step   # no prefetch thread to do it in
+
+
+def test_mode_plan_writes_and_prints_them(cli, tmp_path):
+    r = cli("mode=plan", "model=dlrm_tiny", "hardware=cpu_local", "train.pipeline=false", "train.ids_exchange=step",
+            f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 0, r.stderr
+    plan = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert plan["strategies"]["pipeline"] is False and plan["strategies"]["ids_exchange"] == "step"
+    assert set(plan["strategies"]) == {f.name for f in dataclasses.fields(StepStrategies)}
+    line = next(x for x in r.stdout.splitlines() if x.startswith("step: "))
+    assert "pipeline off" in line and "ids exchanged in the step" in line
+
+
+def test_plan_file_strategies_are_checked(tmp_path):
+    cfg = compose_cfg(["train.batch_size=16"])
+    d = with_strategies(cfg, _plan(cfg)).to_dict()
+    d["strategies"]["ids_exchange"] = "auto"
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"strategies: ids_exchange='auto' is not one of prefetch, step"):
+        load_plan_file(path, cfg.model, 2)
+
+
+def _what_ran(env, cfg, plan):
+    """Rank fn: the strategies the Trainer took up, and the id all-to-alls it issued over its steps."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from neocfg.runtime.train import Trainer
+
+    trainer = Trainer(cfg, plan, None, env.device)
+    calls = []
+    real = dist.all_to_all_single
+
+    def counting(*args, **kw):
+        if kw.get("group") is trainer.emb.id_group:
+            calls.append(1)
+        return real(*args, **kw)
+
+    dist.all_to_all_single = counting
+    try:
+        trainer.run(resume=False, show_progress=False)
+    finally:
+        dist.all_to_all_single = real
+    router = trainer.emb.router
+    return {"encoding": router.encoding, "dtype": str(router.dtype), "ids_ahead": trainer.ids_ahead,
+            "ddp": isinstance(trainer.model, DistributedDataParallel), "id_all_to_alls": len(calls)}
+
+
+def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
+    """A plan file's strategies, unlike what this config resolves to, are what the ranks run (through
+    neocfg.contract.load_or_make_plan, mode=train's own way to its plan)."""
+    from neocfg.contract import load_or_make_plan
+    from neocfg.runtime.launch import launch
+
+    steps = 3
+    cfg = compose_cfg(["train.batch_size=16", f"train.steps={steps}", "train.eval_batches=0", "train.log_every=100"])
+    plan = _plan(cfg)
+    auto = resolve(cfg, plan)
+    pinned = StepStrategies(pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp,
+                            id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes)
+    assert all(getattr(pinned, f.name) != getattr(auto, f.name) for f in dataclasses.fields(StepStrategies)
+               if f.name != "pipeline")
+    path = tmp_path / "plan.json"
+    dataclasses.replace(plan, strategies=pinned).save(path)
+    cfg = dataclasses.replace(cfg, planner=dataclasses.replace(cfg.planner, plan_file=str(path)))
+    given = load_or_make_plan(cfg)
+    assert given.strategies == pinned
+    assert "running the plan file's strategies" in capsys.readouterr().out
+    ran = launch(_what_ran, (cfg, given), world=2, backend=Backend.gloo, timeout_s=120)
+    for r in ran:
+        assert r["encoding"] is RoutingEncoding.codes and r["dtype"] == "torch.int64"
+        assert not r["ids_ahead"] and r["ddp"]
+        assert r["id_all_to_alls"] == steps + 1      # pipelined: the first batch's counts, then one per step
+    # ... and the same plan without its section runs what the config resolves to
+    bare = load_or_make_plan(dataclasses.replace(cfg, planner=dataclasses.replace(
+        cfg.planner, plan_file=str(_save(tmp_path, plan)))))
+    ran = launch(_what_ran, (cfg, bare), world=2, backend=Backend.gloo, timeout_s=120)
+    for r in ran:
+        assert r["encoding"] is RoutingEncoding.lengths and r["dtype"] == "torch.int32"
+        assert r["ids_ahead"] and not r["ddp"] and r["id_all_to_alls"] == 0   # exchanged in the prefetch thread
+
+
+def _save(tmp_path, plan: Plan):
+    path = tmp_path / "bare.json"
+    plan.save(path)
+    return path
+
+
+def _refusal(env, cfg, plan):
+    from neocfg.errors import ConfigError
+    from neocfg.runtime.train import Trainer
+
+    try:
+        Trainer(cfg, plan, None, env.device)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def test_the_runtime_refuses_a_plan_without_strategies():
+    from neocfg.runtime.launch import launch
+
+    cfg = compose_cfg(["train.batch_size=16", "train.steps=1", "train.eval_batches=0"])
+    said = launch(_refusal, (cfg, _plan(cfg)), world=2, backend=Backend.gloo, timeout_s=60)
+    assert all(s and "no strategies section" in s for s in said), said
