@@ -18,6 +18,7 @@ import torch
 from conftest import compose_cfg
 from neocfg.data.source import SyntheticSource
 from neocfg.data.synthetic import SyntheticData
+from neocfg.planner.strategies import with_strategies
 from neocfg.runtime.plans import rule_plan
 from neocfg.types import MemoryTier, ShardingType as S, WeightsDtype
 
@@ -76,7 +77,8 @@ def test_one_host_sync_per_step_whatever_the_groups(one_rank_gloo, groups, shard
             dataclasses.replace(t, weights_dtype=THREE_GROUPS[i % 3][0], memory=THREE_GROUPS[i % 3][1])
             for i, t in enumerate(plan.tables)))
     source = SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, B, cycle=3)
-    trainer = Trainer(cfg, plan, None, torch.device("cpu"), source=source)
+    trainer = Trainer(cfg, with_strategies(cfg, plan, source_prefetches=False), None, torch.device("cpu"),
+                      source=source)
     assert len(trainer.emb.tbes) == groups
     trainer.train_step()   # the first steps start the pipeline (their counts exchanged once more)
     trainer.train_step()
@@ -102,7 +104,7 @@ def test_process_groups_are_made_once_per_purpose(one_rank_gloo, monkeypatch):
 
     def trainer(sharding):
         plan = rule_plan(cfg.model, world=1, devices_per_node=1, batch_size=B, sharding=sharding)
-        return Trainer(cfg, plan, None, torch.device("cpu"),
+        return Trainer(cfg, with_strategies(cfg, plan, source_prefetches=False), None, torch.device("cpu"),
                        source=SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, B, cycle=1))
 
     first = trainer(S.table_wise)
