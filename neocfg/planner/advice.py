@@ -35,6 +35,9 @@ PROGRESS_EVERY_S = 10.0
 # Seconds spent verifying changes after a failed plan: every probe is a real plan (an ILP probe may take
 # planner.time_limit_s); past this the message gives what has been verified so far and says that it stopped.
 ADVICE_BUDGET_S = 300.0
+# A probe of the planner that takes at least this long prints a line to stderr as it ends (quick ones stay quiet: the
+# error is one line).
+ADVICE_REPORT_S = 1.0
 # The planners' own suggestions, cut from their messages before the verified ones are appended.
 _SUGGESTION = re.compile(r";\s*(would fit with|no allowed setting makes it fit).*$")
 
@@ -68,8 +71,8 @@ class _OutOfTime(Exception):
 
 @dataclass(frozen=True)
 class Prober:
-    """`fits` with a deadline (raises _OutOfTime once the advice budget is spent), and one line on stderr per probe
-    of the configured planner when `report` (what was tried, the verdict, how long it took)."""
+    """`fits` with a deadline (raises _OutOfTime once the advice budget is spent), and when `report` one line on stderr
+    per probe of the configured planner that took ADVICE_REPORT_S or more (what was tried, the verdict, how long)."""
 
     deadline: float
     report: bool = False
@@ -83,7 +86,7 @@ class Prober:
         self._check()
         t0 = time.perf_counter()
         ok = fits(cfg)
-        if self.report:
+        if self.report and time.perf_counter() - t0 >= ADVICE_REPORT_S:
             print(f"advice: {what or 'change'} {'fits' if ok else 'does not fit'} ({cfg.planner.algorithm.value},"
                   f" {time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         return ok
