@@ -91,7 +91,11 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp_scale.json")
+    ap.add_argument("--record-from", type=Path, help="only write the section from this earlier run's JSON")
     args = ap.parse_args()
+    if args.record_from:
+        record(json.loads(args.record_from.read_text())["rows"])
+        return
     spec = WorkerSpec(columns=None, transforms=(), batch_size=256)  # type: ignore[arg-type]
     rows = []
     for n in args.splits:
@@ -115,21 +119,28 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "ceiling_samples_per_s": ceiling}, indent=1) + "\n")
     if args.record:
-        lines = ["The master's own work per split (the Master policy driven for one epoch as a transport drives it: "
-                 "lease, complete, take, the client's finish report; no file read, no transport) and its peak "
-                 "allocation during the epoch (tracemalloc, the split list excluded). One worker per client.", "",
-                 "| splits | clients (= workers) | us per split | splits/s | master peak MB | bytes per split |",
-                 "|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r['splits']:,} | {r['clients']} | {r['us_per_split']:.1f} | {r['splits_per_s']:,.0f} | "
-                         f"{r['peak_bytes'] / 1e6:.2f} | {r['bytes_per_split']:.0f} |")
-        lines += ["", f"Ceiling for a {TRAINERS}-trainer job from the slowest row: {worst:,.0f} splits/s x "
-                      f"{ROWS_PER_SPLIT:,} rows per split = {ceiling / 1e6:,.1f} M samples/s, "
-                      f"{ceiling / TRAINERS / 1e3:,.0f} k samples/s per trainer. Not measured here: Ray's cost per "
-                      f"pull (an actor call and an object fetch per split, a few ms on this machine), which divides "
-                      f"the same way over the split's rows; nor 16-64 client processes (not run on this 2-core "
-                      f"machine)."]
-        record_results("DPP at scale", "\n".join(lines))
+        record(rows)
+
+
+def record(rows: list[dict]) -> None:
+    """Write the section of bench/RESULTS.md from the rows of a run."""
+    worst = min(r["splits_per_s"] for r in rows)
+    ceiling = worst * ROWS_PER_SPLIT
+    lines = ["The master's own work per split (the Master policy driven for one epoch as a transport drives it: "
+             "lease, complete, take, the client's finish report; no file read, no transport) and its peak "
+             "allocation during the epoch (tracemalloc, the split list excluded). One worker per client.", "",
+             "| splits | clients (= workers) | us per split | splits/s | master peak MB | bytes per split |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['splits']:,} | {r['clients']} | {r['us_per_split']:.1f} | {r['splits_per_s']:,.0f} | "
+                     f"{r['peak_bytes'] / 1e6:.2f} | {r['bytes_per_split']:.0f} |")
+    lines += ["", f"Ceiling for a {TRAINERS}-trainer job from the slowest row: {worst:,.0f} splits/s x "
+                  f"{ROWS_PER_SPLIT:,} rows per split = {ceiling / 1e6:,.1f} M samples/s, "
+                  f"{ceiling / TRAINERS / 1e3:,.0f} k samples/s per trainer. Not measured here: Ray's cost per "
+                  f"pull (an actor call and an object fetch per split, a few ms on this machine), which divides "
+                  f"the same way over the split's rows; nor 16-64 client processes (not run on this 2-core "
+                  f"machine)."]
+    record_results("DPP at scale", "\n".join(lines))
 
 
 if __name__ == "__main__":
