@@ -21,6 +21,7 @@ from neocfg.errors import DataError
 from neocfg.fileio import write_text_atomic
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
 from neocfg.sharding import SCHEMES, OutputKind, Routing, row_block, row_ranges
+from neocfg.tiers import TIERS
 from neocfg.types import CommDtype, DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 EXPORT_FORMAT = "neocfg-torchrec-plan"
@@ -29,7 +30,7 @@ EXPORT_FILE = "torchrec_plan.json"
 
 # TorchRec compute kernels (torchrec.distributed.embedding_types.EmbeddingComputeKernel values) per memory tier:
 # fused TBE with weights in HBM, in UVM with an HBM cache, in UVM (host memory read over PCIe).
-KERNEL_OF_TIER = {MemoryTier.hbm: "fused", MemoryTier.uvm_caching: "fused_uvm_caching", MemoryTier.host: "fused_uvm"}
+KERNEL_OF_TIER = {tier: t.torchrec_kernel for tier, t in TIERS.items()}
 TIER_OF_KERNEL = {v: k for k, v in KERNEL_OF_TIER.items()}
 # Data-parallel tables are plain replicated parameters in TorchRec (dense kernel, gradients all-reduced).
 DATA_PARALLEL_KERNEL = "dense"

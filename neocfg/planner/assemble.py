@@ -14,7 +14,7 @@ from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
-from neocfg.types import MemoryTier
+from neocfg.tiers import TIERS
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -70,7 +70,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
                   sharding=p.option.sharding, memory=p.option.tier, weights_dtype=p.option.dtype,
                   shards=shards_of(t, p),
-                  cache_ratio=cost.cache_ratio if p.option.tier is MemoryTier.uvm_caching else 0.0)
+                  cache_ratio=cost.cache_ratio if TIERS[p.option.tier].hbm_cache else 0.0)
         for t, p in zip(tables, placements))
     hw = cfg.hardware
     plan = Plan(

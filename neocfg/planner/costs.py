@@ -40,6 +40,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.perf import Perf
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
+from neocfg.tiers import TIERS
 from neocfg.types import (DataSource, DenseOptimizer, DeviceKind, Interaction, MemoryTier, ShardingType,
                           SparseOptimizer, WeightsDtype)
 
@@ -225,21 +226,23 @@ class CostModel:
         # ids received + pooled outputs produced + their gradients received, fp32 on the device.
         buffers = int(shape.lookup_rows * self.id_bytes + 2 * shape.output_samples * shape.cols * FP32)
         buffers += SCHEMES[sharding].gradient_bytes(shape)
-        if tier is MemoryTier.hbm:
+        where = TIERS[tier]
+        if where.on_device:
             return Storage(weights + state + buffers, 0)
-        if tier is MemoryTier.uvm_caching:
+        cache = 0
+        if where.hbm_cache:
             cached = int(shape.rows * self.cache_ratio)
             cache = cached * shape.cols * dtype.bytes + cached * self.consts.cache_metadata_bytes_per_row
-            return Storage(cache + buffers, weights + state)
-        return Storage(buffers, weights + state)
+        return Storage(cache + buffers, weights + state)
 
     # ---- compute -----------------------------------------------------------------------------------------
     def lookup_ms_per_byte(self, table: TableConfig, tier: MemoryTier, rows: int) -> float:
         hbm = 1.0 / (self.hbm_bandwidth_gbs * GB * self.consts.hbm_efficiency)
         pcie = self.host_read_s_per_byte()
-        if tier is MemoryTier.hbm:
+        where = TIERS[tier]
+        if where.on_device:
             return hbm * MS
-        if tier is MemoryTier.uvm_caching:
+        if where.hbm_cache:
             h = zipf_hit_rate(rows, table.alpha, self.cache_ratio)
             return (h * hbm + (1 - h) * pcie) * MS
         return pcie * MS

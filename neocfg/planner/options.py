@@ -17,6 +17,7 @@ from neocfg.planner.costs import GIB, CostModel, ceil_div
 from neocfg.planner.fixed import FixedCosts, lookup_group
 from neocfg.planner.types import ShardingOption, Storage, Topology
 from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES
+from neocfg.tiers import TIERS
 from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 # TBE kernels need every slice's width to be a multiple of this.
@@ -220,7 +221,7 @@ def explain_table(cfg: NeocfgConfig, cost: CostModel, index: int, too_big: list[
     if WeightsDtype.fp16 not in ch.dtypes and cost.piece(table, best_sharding, tier, WeightsDtype.fp16, 1)[1].fits(cap):
         fixes.append("fp16 weights (planner.weights_dtypes=[fp32,fp16])")
     if cfg.hardware.device.kind is not DeviceKind.cpu:
-        for t in (MemoryTier.uvm_caching, MemoryTier.host):
+        for t in sorted((t for t in TIERS if not TIERS[t].on_device), key=lambda t: not TIERS[t].hbm_cache):
             if t not in ch.tiers and cost.piece(table, best_sharding, t, dtype, 1)[1].fits(cap):
                 fixes.append(f"memory tier {t.value} (planner.memory_tiers)")
                 break

@@ -25,7 +25,8 @@ from neocfg.runtime.timing import BackwardMark
 
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
 EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
-from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
+from neocfg.tiers import TIERS
+from neocfg.types import CommDtype, SparseOptimizer, WeightsDtype
 
 FUSED_OPTIMIZERS = {
     SparseOptimizer.exact_rowwise_adagrad: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -34,8 +35,7 @@ FUSED_OPTIMIZERS = {
 }
 WEIGHTS_PRECISION = {WeightsDtype.fp32: SparseType.FP32, WeightsDtype.fp16: SparseType.FP16}
 # Where a tier's rows live on a GPU (on CPU every tier is host memory): HBM; UVM with an HBM cache; UVM only.
-GPU_LOCATION = {MemoryTier.hbm: EmbeddingLocation.DEVICE, MemoryTier.uvm_caching: EmbeddingLocation.MANAGED_CACHING,
-                MemoryTier.host: EmbeddingLocation.MANAGED}
+GPU_LOCATION = {tier: EmbeddingLocation[t.fbgemm_location] for tier, t in TIERS.items()}
 # fbgemm's default fraction of UVM rows cached in HBM, used when the plan gives none.
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
 def make_tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainConfig, device: torch.device,
@@ -192,4 +192,4 @@ class ShardedEmbeddings(nn.Module):
                 tbe.reset_cache_states()  # the cache held rows of the weights just replaced
 
     def _cached(self, key: GroupKey) -> bool:
-        return self.device.type == "cuda" and key.tier is MemoryTier.uvm_caching
+        return self.device.type == "cuda" and TIERS[key.tier].hbm_cache
