@@ -30,7 +30,7 @@ from neocfg.data.dpp.sizing import PlannedDpp, WorkerCount, WorkerCountSource, w
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.data.transforms import bind
 from neocfg.errors import ConfigError, DataError
-from neocfg.types import DppBackendKind
+from neocfg.types import DppBackendKind, TransformOp
 
 # Key of the DPP position inside state_dict(), and of the kind of position it is: a job-wide one (Ray: split
 # indices over the whole dataset) or a rank's (local, inline: indices over the rank's share).
@@ -111,6 +111,7 @@ class DppSource:
                                "data_stall_fraction": 0.0, "samples_delivered": 0, "duplicate_samples": 0,
                                "skipped_splits": 0, "dpp.workers": 0, "dpp.worker_restarts": 0, "dpp.bytes_read": 0,
                                "dpp.workers_added": 0, "dpp.workers_retired": 0, "dpp.splits_reread": 0,
+                               "dpp.ids_truncated": 0,
                                "dpp.workers_source": self.workers.source.value, "dpp.backend": self.kind.value}
         if self.service is None:
             return out
@@ -125,7 +126,8 @@ class DppSource:
                     "skipped_splits": s.splits_skipped, "dpp.workers": s.workers,
                     "dpp.worker_restarts": s.worker_restarts, "dpp.workers_added": s.workers_added,
                     "dpp.workers_retired": s.workers_retired, "dpp.bytes_read": s.bytes_read,
-                    "dpp.splits_reread": s.splits_reread})
+                    "dpp.splits_reread": s.splits_reread,
+                    "dpp.ids_truncated": s.ids_cut})
         return out
 
     def close(self) -> None:
@@ -144,6 +146,7 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     """`sizing`: the planner's DPP sizing (dsi.workers=auto), handed over by the runtime; `share`: rank 0's value
     to every rank (the Ray backend's cluster address)."""
     d = cfg.dsi
+    columns = FeatureColumns.for_model(cfg.model, d.columns)
     directory, manifest = open_dataset(resolve_location(d.path), d.eval_files)
     every = dataset_splits(directory, manifest, eval=eval)
     if not every:
@@ -154,8 +157,12 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     job_wide = kind.job_wide
     splits = every if job_wide else rank_splits(every, rank, world_size)
     _warn_small_dataset(cfg, rank, world_size, sum(s.rows for s in every), eval)
-    columns = FeatureColumns.for_model(cfg.model, d.columns)
     spec = WorkerSpec(columns=columns, transforms=tuple(bind(d.transforms, columns)), batch_size=cfg.train.batch_size)
+    if not eval:
+        for bt in spec.transforms:
+            if bt.config.op is TransformOp.truncate and bt.columns:
+                _say(rank, f"DPP: dsi.transforms.{bt.index} truncates the bags of {bt.config.column} to "
+                           f"{bt.config.max_ids} ids; the ids cut are counted as dpp.ids_truncated in metrics.json")
     if eval:
         workers = WorkerCount(total=world_size, per_service=1, source=WorkerCountSource.fixed)
     else:

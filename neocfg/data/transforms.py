@@ -175,21 +175,25 @@ def _scalar_step(x: np.ndarray, t: TransformConfig) -> np.ndarray:
     raise AssertionError(t.op)
 
 
-def _list_step(lst: IdLists, t: TransformConfig, table_rows: int) -> None:
+def _list_step(lst: IdLists, t: TransformConfig, table_rows: int) -> int:
+    """Applies one list step in place; returns the ids it cut (truncate), else 0."""
     if t.op is TransformOp.hash:
         lst.values = np.mod(lst.values, table_rows)
     elif t.op is TransformOp.truncate:
         starts = np.repeat(np.cumsum(lst.lengths) - lst.lengths, lst.lengths)
         keep = (np.arange(lst.values.shape[0]) - starts) < t.max_ids
+        cut = int(lst.values.shape[0] - keep.sum())
         lst.values = lst.values[keep]
         lst.lengths = np.minimum(lst.lengths, t.max_ids)
+        return cut
     # fill_missing: a missing list was read as an empty one already.
+    return 0
 
 
 def apply(rows: SplitRows, transforms: list[BoundTransform],
-          dropped: Optional[dict[int, int]] = None) -> SplitRows:
+          dropped: Optional[dict[int, int]] = None, cut: Optional[dict[int, int]] = None) -> SplitRows:
     """Run the bound transforms in declared order, in place; returns rows for chaining. `dropped` (optional)
-    collects the rows each filter removed, by transform index."""
+    collects the rows each filter removed, `cut` the ids each truncate removed, by transform index."""
     for bt in transforms:
         t = bt.config
         for name, table_rows in zip(bt.columns, bt.table_rows):
@@ -199,7 +203,9 @@ def apply(rows: SplitRows, transforms: list[BoundTransform],
                 if dropped is not None:
                     dropped[bt.index] = dropped.get(bt.index, 0) + before - rows.rows
             elif name in rows.lists:
-                _list_step(rows.lists[name], t, table_rows)
+                n = _list_step(rows.lists[name], t, table_rows)
+                if n and cut is not None:
+                    cut[bt.index] = cut.get(bt.index, 0) + n
             else:
                 rows.scalars[name] = _scalar_step(rows.scalars[name], t)
     return rows

@@ -94,6 +94,8 @@ class DppStats:
     duplicate_rows: int = 0
     # Splits read again because their finished rows were lost before a client fetched them (a lost node).
     splits_reread: int = 0
+    # Ids the declared truncate transforms cut from bags (dsi.transforms ... op: truncate).
+    ids_cut: int = 0
 
 
 class DataStall(DataError):
@@ -197,6 +199,7 @@ class Master(Generic[P]):
         self.leases.pop(worker, None)
         c = self.counters
         c.bytes_read += meta.bytes_read
+        c.ids_cut += meta.ids_cut
         c.splits_done += 1
         c.worker_busy_s += meta.seconds
         self.ready.append((meta, payload))

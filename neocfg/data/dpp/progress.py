@@ -50,6 +50,7 @@ class SplitMeta:
     # Rows each filter dropped: ((transform index, description, rows), ...).
     dropped: tuple[tuple[int, str, int], ...] = ()
     skipped: Optional[str] = None
+    ids_cut: int = 0           # ids the truncate transforms removed
 
 
 @dataclass(frozen=True)

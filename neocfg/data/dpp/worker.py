@@ -75,6 +75,7 @@ class SplitResult:
     dropped: tuple[tuple[int, str, int], ...] = ()  # (transform index, description, rows) per filter
     # Set by the master as it hands the split out: epochs below this are complete job-wide (the client prunes).
     complete_below: int = 0
+    ids_cut: int = 0                                 # ids the truncate transforms removed
     delivered_rows: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ class SplitResult:
     def meta(self) -> SplitMeta:
         return SplitMeta(task=self.task, rows=self.rows, delivered_rows=self.delivered_rows,
                          bytes_read=self.bytes_read, seconds=self.seconds, rows_read=self.rows_read,
-                         dropped=self.dropped, skipped=self.skipped)
+                         dropped=self.dropped, skipped=self.skipped, ids_cut=self.ids_cut)
 
     @staticmethod
     def skipped_split(meta: SplitMeta) -> "SplitResult":
@@ -173,8 +174,9 @@ class SplitReader:
         if table.num_rows != split.rows:
             raise DataError(f"{split.where}: has {table.num_rows} rows, the manifest says {split.rows}")
         dropped: dict[int, int] = {}
+        cut: dict[int, int] = {}
         rows = apply(from_arrow(table, self.spec.columns, split.where, split.first_row), list(self.spec.transforms),
-                     dropped)
+                     dropped, cut)
         arrays = to_batch_arrays(rows, self.spec.columns, split.where)
         if self.spec.extra_split_s:
             time.sleep(self.spec.extra_split_s)
@@ -186,7 +188,8 @@ class SplitReader:
         names = {t.index: t.describe for t in self.spec.transforms}
         return SplitResult(task=task, rows=arrays.rows, pieces=pieces, bytes_read=nbytes,
                            seconds=time.perf_counter() - t0, rows_read=table.num_rows,
-                           dropped=tuple((i, names[i], n) for i, n in sorted(dropped.items()) if n))
+                           dropped=tuple((i, names[i], n) for i, n in sorted(dropped.items()) if n),
+                           ids_cut=sum(cut.values()))
 
     def close(self) -> None:
         for f, _ in self._files.values():
