@@ -8,7 +8,7 @@ Variants, alternating step by step in the same processes (medians per term over 
 over repeats):
   before: DDP with its defaults (buffers broadcast before every forward, gradients copied into and out of the
           all-reduce buckets), torch.optim.Adagrad with its CPU default (a loop over parameters);
-  torch_gemm: the DDP and optimizer settings of now, the MLPs on torch's nn.Linear (MKL sgemm), as before 3 Dec;
+  torch_gemm: the DDP and optimizer settings of now, the MLPs on torch's nn.Linear (MKL sgemm), as before the oneDNN layers;
   after:  what neocfg.runtime does now (neocfg.runtime.dlrm.DDP_OPTIONS and make_dense_optimizer: fused Adagrad;
           the MLPs' large layers as fused oneDNN matmuls, dlrm.MLP).
 """
