@@ -147,11 +147,12 @@ def render(m: RunMetrics) -> str:
             f"{k} {t.predicted:.2f} / {t.measured:.2f}" for k, t in m.predicted_vs_measured_ms.items()))
     else:
         lines.append(f"  step time: measured {m.measured_step_ms:.2f} ms (the plan has no estimate)")
-    lines.append(f"  data stall: {100 * m.data_stall_fraction:.1f}% of the step waiting for batches"
-                 f" (data_wait {b.get('data_wait', 0.0):.2f} ms)")
-    warning = deviation_warning(m)
-    if warning:
-        lines.append(warning)
+    if m.timed_steps:  # a run too short to time its steps has no stall or deviation to report
+        lines.append(f"  data stall: {100 * m.data_stall_fraction:.1f}% of the step waiting for batches"
+                     f" (data_wait {b.get('data_wait', 0.0):.2f} ms)")
+        warning = deviation_warning(m)
+        if warning:
+            lines.append(warning)
     return "\n".join(lines)
 
 

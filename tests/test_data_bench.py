@@ -22,5 +22,5 @@ def test_bench_dpp_smoke(tmp_path):
     res = json.loads(out.read_text())
     assert res["projection"]["bytes_ratio"] > 2
     assert {"too_few", "planned"} <= set(res["stall"]) and res["scaling"]["ratio"] > 0
-    assert "autoscale:" in r.stdout
+    assert "autoscale (" in r.stdout
     assert res["autoscale"]["windows"] and (tmp_path / "bench_autoscale.png").stat().st_size > 0
