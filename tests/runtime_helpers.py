@@ -140,3 +140,23 @@ def assert_same_rank_state(x: dict[str, Any], y: dict[str, Any]) -> None:
             assert torch.equal(ox, oy)
     for k in x["dense"]:
         assert torch.equal(x["dense"][k], y["dense"][k]), k
+
+
+def train_counting_id_all_to_alls(trainer) -> int:
+    """Run a Trainer to its last step; the all-to-alls it issued on its id group (in a rank process)."""
+    import torch.distributed as dist
+
+    calls = []
+    real = dist.all_to_all_single
+
+    def counting(*args, **kw):
+        if kw.get("group") is trainer.emb.id_group:
+            calls.append(1)
+        return real(*args, **kw)
+
+    dist.all_to_all_single = counting
+    try:
+        trainer.run(resume=False, show_progress=False)
+    finally:
+        dist.all_to_all_single = real
+    return len(calls)

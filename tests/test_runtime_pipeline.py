@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import compose_cfg
+from runtime_helpers import train_counting_id_all_to_alls
 from test_runtime_routing import MIX, _batch, _reference
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.plans import rule_plan
@@ -50,26 +51,11 @@ def test_headers_carry_the_next_batch_counts(sharding, encoding):
 
 def _count_id_all_to_alls(env, cfg, plan):
     """Rank fn: train cfg.train.steps steps; the all-to-alls issued on the id group."""
-    import torch.distributed as dist
-
     from neocfg.planner.strategies import with_strategies
     from neocfg.runtime.train import Trainer
 
     trainer = Trainer(cfg, with_strategies(cfg, plan), None, env.device)
-    calls = []
-    real = dist.all_to_all_single
-
-    def counting(*args, **kw):
-        if kw.get("group") is trainer.emb.id_group:
-            calls.append(1)
-        return real(*args, **kw)
-
-    dist.all_to_all_single = counting
-    try:
-        trainer.run(resume=False, show_progress=False)
-    finally:
-        dist.all_to_all_single = real
-    return len(calls)
+    return train_counting_id_all_to_alls(trainer)
 
 
 def test_pipelined_step_sends_one_id_all_to_all_per_step():

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from conftest import compose_cfg
+from runtime_helpers import train_counting_id_all_to_alls
 from neocfg.plan import Plan, StepStrategies
 from neocfg.plan_check import PlanError, load_plan_file
 from neocfg.planner.strategies import resolve, with_strategies
@@ -74,28 +75,15 @@ def test_plan_file_strategies_are_checked(tmp_path):
 
 def _what_ran(env, cfg, plan):
     """Rank fn: the strategies the Trainer took up, and the id all-to-alls it issued over its steps."""
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
     from neocfg.runtime.train import Trainer
 
     trainer = Trainer(cfg, plan, None, env.device)
-    calls = []
-    real = dist.all_to_all_single
-
-    def counting(*args, **kw):
-        if kw.get("group") is trainer.emb.id_group:
-            calls.append(1)
-        return real(*args, **kw)
-
-    dist.all_to_all_single = counting
-    try:
-        trainer.run(resume=False, show_progress=False)
-    finally:
-        dist.all_to_all_single = real
+    id_all_to_alls = train_counting_id_all_to_alls(trainer)
     router = trainer.emb.router
     return {"encoding": router.encoding, "dtype": str(router.dtype), "ids_ahead": trainer.ids_ahead,
-            "ddp": isinstance(trainer.model, DistributedDataParallel), "id_all_to_alls": len(calls)}
+            "ddp": isinstance(trainer.model, DistributedDataParallel), "id_all_to_alls": id_all_to_alls}
 
 
 def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
