@@ -24,6 +24,7 @@ from neocfg.errors import ConfigError
 from neocfg.plan import Plan, StepStrategies
 from neocfg.planner.costs import dense_flops_and_params
 from neocfg.sharding import SCHEMES, OutputKind, Routing
+from neocfg.sharding.collectives import Collective, step_collectives
 from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, RoutingEncoding
 
 # DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
@@ -112,3 +113,10 @@ def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | Non
     if plan.strategies is not None:
         return plan
     return dataclasses.replace(plan, strategies=resolve(cfg, plan, source_prefetches))
+
+
+def plan_collectives(cfg: NeocfgConfig, plan: Plan) -> tuple[tuple[Collective, ...], ...]:
+    """Every rank's collectives per step of this plan run with cfg's model (its strategies resolved if it has none):
+    the list the planner prices and the runtime issues (neocfg.sharding.collectives.step_collectives)."""
+    plan = with_strategies(cfg, plan)
+    return step_collectives(plan, cfg.model, dense_flops_and_params(cfg.model)[1], cfg.planner.costs.ddp_bucket_mib)

@@ -19,6 +19,7 @@ from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
 if TYPE_CHECKING:
     from neocfg.config.model import TableConfig
+    from neocfg.sharding.collectives import PieceComm, Traffic
 
 FP32 = 4
 # fbgemm's TBE kernels need embedding dims (and so column slices) that are multiples of 4.
@@ -266,6 +267,26 @@ class Scheme(ABC):
     def gradient_bytes(self, shape: PieceShape) -> int:
         """Bytes of a dense gradient buffer the piece keeps besides its weights (data-parallel replicas)."""
         return 0
+
+    # ---- the step's collectives (neocfg.sharding.collectives) ------------------------------------------------
+    def piece_comms(self, traffic: "Traffic", shape: PieceShape, pooling: float, kind: Optional[OutputKind] = None,
+                    share: float = 1.0) -> tuple["PieceComm", ...]:
+        """What the piece adds to the step's collectives: its ids arriving (by its routing; `share`: the fraction of
+        the table's ids its rows receive), its outputs leaving and their gradients returning (by its output kind,
+        default the type's own; row splits depend on where they sit), or its replica's gradient all-reduced.
+        The planner prices these (neocfg.planner.costs.CostModel.comm) and the runtime issues them
+        (neocfg.sharding.collectives.step_collectives adds them up per rank)."""
+        from neocfg.sharding import collectives as c
+
+        ids = {Routing.whole_table: lambda: (c.whole_table_ids(traffic, pooling),),
+               Routing.by_row: lambda: (c.by_row_ids(traffic, pooling, share),),
+               Routing.local: tuple}[self.routing]()
+        kind = self.kind if kind is None else kind
+        if kind is OutputKind.replicated:
+            return ids + c.replica_grads(self.gradient_bytes(shape))
+        outputs = {OutputKind.all_to_all: c.all_to_all_outputs, OutputKind.reduce_scatter: c.reduce_scatter_outputs,
+                   OutputKind.hierarchical: c.hierarchical_outputs}[kind]
+        return ids + outputs(traffic, shape.cols)
 
     # ---- shared terms --------------------------------------------------------------------------------
     @staticmethod

@@ -1,0 +1,310 @@
+"""The collectives of a training step, as one list the planner prices and the runtime issues.
+
+A table piece adds bytes to some of the step's collectives (`PieceComm`, from its Scheme's `piece_comms`: how its
+ids arrive, by Routing; how its outputs leave and its gradients return, by OutputKind). The runtime batches every
+piece of a kind into one collective, so a rank issues each collective once per step whatever the number of tables;
+`step_collectives` adds up the pieces of a plan into each rank's list (`Collective`), with the collectives that no
+piece owns: the id counts, the payload headers, the dense gradients (DDP's buckets, or riding in the backward
+all-to-all) and the data-parallel replicas' gradient all-reduce.
+
+Bytes are what a rank puts into (`sent`) and gets out of (`received`) the collective: an all-to-all's input and
+output buffers, a reduce-scatter's whole input and its share, an all-gather's piece and the gathered whole, an
+all-reduce's buffer (both). Ids are expectations where they depend on the data: a row-sharded table's ids are
+counted evenly over its row ranges (the runtime's totals per sender are exact; what one range receives is not).
+
+Process groups (`GroupScope`): world (every rank), intra_node (the ranks of one node: the two-level exchange's
+reduce-scatter and all-gather, issued only on nodes holding such tables), cross_node (the ranks with the same local
+index, one per node). `Carries` says which of the runtime's groups a collective runs on (neocfg.runtime.dist.Purpose:
+ids on the ids group, or the ids_ahead group in the data source's prefetch thread; outputs and their gradients on
+the exchange group and the node groups; the replicas' gradients on theirs; DDP's buckets on the default group).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence
+
+from neocfg.types import IdsExchange, DenseGradSync, RoutingEncoding
+
+if TYPE_CHECKING:
+    from neocfg.config.model import ModelConfig
+    from neocfg.plan import Plan, StepStrategies
+
+# Elements at the front of every destination's id payload (neocfg.runtime.routing.HEADER): the next batch's
+# (ids, codes) counts; where some rank has several TBE groups, then the ids of each group.
+ID_HEADER = 2
+# The id counts travel as int64 (IdRouter.send's all-to-all of Routed.counts).
+COUNT_BYTES = 8
+FP32 = 4
+# DDP's gradient buckets (torch.nn.parallel.DistributedDataParallel): the first holds up to 1 MiB
+# (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), the others up to bucket_cap_mb (planner.costs.ddp_bucket_mib).
+DDP_FIRST_BUCKET_BYTES = 1 << 20
+
+
+class CollectiveKind(Enum):
+    all_to_all = "all_to_all"
+    reduce_scatter = "reduce_scatter"
+    all_gather = "all_gather"
+    all_reduce = "all_reduce"
+
+
+class GroupScope(Enum):
+    """Which ranks take part in one collective."""
+
+    world = "world"
+    intra_node = "intra_node"    # the ranks of one node
+    cross_node = "cross_node"    # one rank per node, the same local index
+
+
+class Carries(Enum):
+    """What a collective moves (and so which of the runtime's process groups it runs on)."""
+
+    id_counts = "id_counts"          # per-destination sizes of the id payload (int64)
+    ids = "ids"                      # lengths, ids (and bag codes) of the batch, in the plan's id dtype
+    outputs = "outputs"              # pooled outputs, forward, in a2a_fwd_dtype
+    output_grads = "output_grads"    # their gradients, backward, in a2a_bwd_dtype (and the dense gradients riding)
+    replica_grads = "replica_grads"  # the data-parallel replicas' fp32 table gradient
+    dense_grads = "dense_grads"      # DDP's all-reduce of the dense gradients (fp32 buckets)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """What a piece's bytes depend on besides its shape: the batch, the world and the plan's strategies."""
+
+    batch_size: int                  # B, samples per rank
+    world: int
+    devices_per_node: int
+    id_bytes: int                    # the plan's id dtype
+    fwd_bytes: int                   # a2a_fwd_dtype
+    bwd_bytes: int                   # a2a_bwd_dtype
+    encoding: RoutingEncoding = RoutingEncoding.lengths
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.world
+
+    @property
+    def nodes(self) -> int:
+        return self.world // self.devices_per_node
+
+
+@dataclass(frozen=True)
+class PieceComm:
+    """What one piece adds to one collective of the step: bytes its holder sends and receives in it, and bytes every
+    rank of the world sends and receives in it on the piece's account (the other ends of an all-to-all; averaged
+    over the world where only some ranks are the other end, so that they add up over pieces)."""
+
+    kind: CollectiveKind
+    group: GroupScope
+    carries: Carries
+    held_sent: float = 0.0
+    held_received: float = 0.0
+    each_sent: float = 0.0
+    each_received: float = 0.0
+
+    @property
+    def held_bytes(self) -> float:
+        """What the holder's link moves: the larger direction."""
+        return max(self.held_sent, self.held_received)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a rank's step: `count` calls a step (each rank issues the same ones, in the same order,
+    on the group's ranks), moving `sent` / `received` bytes in all; overlapped: it runs beside compute (the
+    pipelined step's id payload, ids exchanged in the prefetch thread, DDP's buckets during backward)."""
+
+    kind: CollectiveKind
+    group: GroupScope
+    carries: Carries
+    count: int
+    sent: float
+    received: float
+    overlapped: bool = False
+
+    @property
+    def key(self) -> tuple[CollectiveKind, GroupScope, Carries]:
+        return self.kind, self.group, self.carries
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind.value, "group": self.group.value, "carries": self.carries.value,
+                "count": self.count, "sent": round(self.sent), "received": round(self.received),
+                "overlapped": self.overlapped}
+
+
+# ---- what a piece adds: its ids by its routing, its outputs by its output kind ------------------------------------
+def whole_table_ids(t: Traffic, pooling: float) -> PieceComm:
+    """Every source sends the piece its [B] lengths and its B x L ids (a CW table once per slice)."""
+    per_source = t.batch_size * (1 + pooling) * t.id_bytes
+    return PieceComm(CollectiveKind.all_to_all, GroupScope.world, Carries.ids,
+                     held_received=t.world * per_source, each_sent=per_source)
+
+
+def by_row_ids(t: Traffic, pooling: float, share: float) -> PieceComm:
+    """Each id goes to the range holding its row (`share` of the table's ids, evenly); lengths: [B] lengths per
+    piece from every source; codes: one count per piece, and a bag code beside every id."""
+    ids = t.batch_size * pooling * share
+    if t.encoding is RoutingEncoding.codes:
+        per_source = 1 + 2 * ids
+    else:
+        per_source = t.batch_size + ids
+    per_source *= t.id_bytes
+    return PieceComm(CollectiveKind.all_to_all, GroupScope.world, Carries.ids,
+                     held_received=t.world * per_source, each_sent=per_source)
+
+
+def all_to_all_outputs(t: Traffic, cols: int) -> tuple[PieceComm, ...]:
+    """The piece's [B, cols] output for every rank out, their gradients back."""
+    piece = t.batch_size * cols
+    return (PieceComm(CollectiveKind.all_to_all, GroupScope.world, Carries.outputs,
+                      held_sent=t.world * piece * t.fwd_bytes, each_received=piece * t.fwd_bytes),
+            PieceComm(CollectiveKind.all_to_all, GroupScope.world, Carries.output_grads,
+                      held_received=t.world * piece * t.bwd_bytes, each_sent=piece * t.bwd_bytes))
+
+
+def reduce_scatter_outputs(t: Traffic, cols: int) -> tuple[PieceComm, ...]:
+    """Partial sums of every global sample reduce-scattered over the world; gradients all-gathered."""
+    whole, share = t.global_batch * cols, t.batch_size * cols
+    return (PieceComm(CollectiveKind.reduce_scatter, GroupScope.world, Carries.outputs,
+                      held_sent=whole * t.fwd_bytes, held_received=share * t.fwd_bytes),
+            PieceComm(CollectiveKind.all_gather, GroupScope.world, Carries.output_grads,
+                      held_sent=share * t.bwd_bytes, held_received=whole * t.bwd_bytes))
+
+
+def hierarchical_outputs(t: Traffic, cols: int) -> tuple[PieceComm, ...]:
+    """Partial sums reduce-scattered inside the node (each local rank keeps the samples of its counterparts on every
+    node), then one all-to-all among the counterparts; backward the reverse (all-to-all, node all-gather)."""
+    p, n, b = t.devices_per_node, t.nodes, t.batch_size
+    whole, mine = t.global_batch * cols, n * b * cols
+    fwd, bwd = t.fwd_bytes, t.bwd_bytes
+    return (PieceComm(CollectiveKind.reduce_scatter, GroupScope.intra_node, Carries.outputs,
+                      held_sent=whole * fwd, held_received=mine * fwd),
+            PieceComm(CollectiveKind.all_to_all, GroupScope.cross_node, Carries.outputs,
+                      held_sent=mine * fwd, each_received=b * cols / p * fwd),
+            PieceComm(CollectiveKind.all_to_all, GroupScope.cross_node, Carries.output_grads,
+                      held_received=mine * bwd, each_sent=b * cols / p * bwd),
+            PieceComm(CollectiveKind.all_gather, GroupScope.intra_node, Carries.output_grads,
+                      held_sent=mine * bwd, held_received=whole * bwd))
+
+
+def replica_grads(table_bytes: float) -> tuple[PieceComm, ...]:
+    """A data-parallel replica's fp32 table gradient, in the one all-reduce of every replica."""
+    return (PieceComm(CollectiveKind.all_reduce, GroupScope.world, Carries.replica_grads,
+                      held_sent=table_bytes, held_received=table_bytes),)
+
+
+# ---- a plan's step, rank by rank ---------------------------------------------------------------------------------
+def ddp_buckets(grad_bytes: int, bucket_mib: float) -> int:
+    """All-reduces DDP issues per step for this many bytes of dense gradients."""
+    if grad_bytes <= 0:
+        return 0
+    rest = grad_bytes - DDP_FIRST_BUCKET_BYTES
+    return 1 + (math.ceil(rest / (bucket_mib * 2**20)) if rest > 0 else 0)
+
+
+def plan_traffic(plan: "Plan", strategies: "StepStrategies") -> Traffic:
+    return Traffic(batch_size=plan.batch_size_per_device, world=plan.world_size,
+                   devices_per_node=plan.devices_per_node, id_bytes=strategies.id_dtype.bytes,
+                   fwd_bytes=plan.a2a_fwd_dtype.bytes, bwd_bytes=plan.a2a_bwd_dtype.bytes,
+                   encoding=strategies.routing_encoding)
+
+
+def step_collectives(plan: "Plan", model: "ModelConfig", dense_params: int,
+                     ddp_bucket_mib: float = 25.0) -> tuple[tuple[Collective, ...], ...]:
+    """Every rank's collectives per step (steady state: the pipelined step's first step also exchanges the counts)
+    for a plan with its strategies, in the runtime's order; dense_params: the dense part's parameters (the DDP
+    all-reduce, or the riders of the backward all-to-all)."""
+    from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing
+
+    st = plan.strategies
+    if st is None:
+        raise ValueError("step_collectives: the plan has no strategies (neocfg.planner.strategies.with_strategies)")
+    world, per = plan.world_size, plan.devices_per_node
+    pooling = {t.name: t.pooling_factor for t in model.tables}
+    by_row = any(SCHEMES[t.sharding].routing is Routing.by_row for t in plan.tables)
+    # nothing row-sharded: the router sends whole-table lengths and ids whatever the encoding says
+    traffic = plan_traffic(plan, st if by_row else replace(st, routing_encoding=RoutingEncoding.lengths))
+    held: list[dict] = [defaultdict(lambda: [0.0, 0.0]) for _ in range(world)]
+    each: dict = defaultdict(lambda: [0.0, 0.0])
+    present: set = set()
+    groups: list[set] = [set() for _ in range(world)]
+    for t in plan.tables:
+        scheme = SCHEMES[t.sharding]
+        kind = scheme.output_kind([s.rank for s in t.shards], world, per)
+        for s in t.shards:
+            if kind is not OutputKind.replicated:
+                groups[s.rank].add((t.weights_dtype, t.memory))
+            shape = PieceShape(rows=s.num_rows, cols=s.num_cols, lookup_rows=0.0, output_samples=0.0)
+            for pc in scheme.piece_comms(traffic, shape, pooling[t.name], kind,
+                                         share=s.num_rows / t.num_embeddings):
+                key = (pc.kind, pc.group, pc.carries)
+                present.add(key)
+                held[s.rank][key][0] += pc.held_sent
+                held[s.rank][key][1] += pc.held_received
+                each[key][0] += pc.each_sent
+                each[key][1] += pc.each_received
+    # the id payload: every rank sends every destination a header, pieces or not
+    header = ID_HEADER + (max(len(g) for g in groups) if max(len(g) for g in groups) > 1 else 0)
+    ids_key = (CollectiveKind.all_to_all, GroupScope.world, Carries.ids)
+    present.add(ids_key)
+    ahead = st.ids_exchange is IdsExchange.prefetch
+    fold = st.dense_grad_sync is DenseGradSync.exchange
+    out = []
+    for r in range(world):
+        node_holds = {k for q in range(r - r % per, r - r % per + per) for k in held[q]}
+        rank: list[Collective] = []
+
+        def add(key, count=1, sent=0.0, received=0.0, overlapped=False):
+            h, e = held[r].get(key, (0.0, 0.0)), each.get(key, (0.0, 0.0))
+            rank.append(Collective(*key, count=count, sent=h[0] + e[0] + sent, received=h[1] + e[1] + received,
+                                   overlapped=overlapped))
+
+        if not st.pipeline or ahead:   # the pipelined step's counts ride in the previous payload's headers
+            counts = world * header * COUNT_BYTES
+            add((CollectiveKind.all_to_all, GroupScope.world, Carries.id_counts), sent=counts, received=counts,
+                overlapped=ahead)
+        head = world * header * traffic.id_bytes
+        add(ids_key, sent=head, received=head, overlapped=ahead or st.pipeline)
+        for key in _ORDER:
+            if key not in present:
+                continue
+            if key[1] is GroupScope.intra_node and key not in node_holds:   # a node without such tables
+                continue
+            rider = world * dense_params * FP32 if fold and key == _A2A_GRADS else 0.0
+            add(key, sent=rider, received=rider)
+        if not fold and dense_params:
+            grads = dense_params * FP32
+            add((CollectiveKind.all_reduce, GroupScope.world, Carries.dense_grads),
+                count=ddp_buckets(grads, ddp_bucket_mib), sent=grads, received=grads, overlapped=True)
+        out.append(tuple(rank))
+    return tuple(out)
+
+
+_A2A_GRADS = (CollectiveKind.all_to_all, GroupScope.world, Carries.output_grads)
+# The order a step issues them in (forward: EmbeddingExchange.forward; backward: the exchange's backward, then the
+# replicas' all-reduce as their gradient completes; DDP's buckets interleave with backward on their own group).
+_ORDER = (
+    (CollectiveKind.all_to_all, GroupScope.world, Carries.outputs),
+    (CollectiveKind.reduce_scatter, GroupScope.world, Carries.outputs),
+    (CollectiveKind.reduce_scatter, GroupScope.intra_node, Carries.outputs),
+    (CollectiveKind.all_to_all, GroupScope.cross_node, Carries.outputs),
+    _A2A_GRADS,
+    (CollectiveKind.all_gather, GroupScope.world, Carries.output_grads),
+    (CollectiveKind.all_to_all, GroupScope.cross_node, Carries.output_grads),
+    (CollectiveKind.all_gather, GroupScope.intra_node, Carries.output_grads),
+    (CollectiveKind.all_reduce, GroupScope.world, Carries.replica_grads),
+)
+
+
+def describe(collectives: Iterable[Collective]) -> str:
+    """One line: count x kind (group, what) sent bytes."""
+    return "; ".join(f"{c.count} {c.kind.value} {c.group.value} {c.carries.value} {round(c.sent):,} B"
+                     + (" (overlapped)" if c.overlapped else "") for c in collectives)
+
+
+def collective_count(collectives: Sequence[Collective], overlapped: Optional[bool] = None) -> int:
+    """Collectives per step (those overlapped or exposed only, when asked)."""
+    return sum(c.count for c in collectives if overlapped is None or c.overlapped is overlapped)

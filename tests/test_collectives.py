@@ -1,0 +1,234 @@
+"""The step's collectives are one list: what the plan says a step issues (neocfg.sharding.collectives, priced by the
+planner) is what the ranks issue. Each rank wraps torch.distributed's collectives during a few training steps and
+records every call (kind, process group, bytes in and out); the steady steps must equal the plan's list, for every
+sharding type, both pipelines, both dense-gradient syncs, ids exchanged in the step or a batch ahead, both routing
+encodings and id dtypes, and 2 and 4 ranks (2 nodes: the two-level exchange)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import defaultdict
+
+from conftest import compose_cfg
+from neocfg.planner.strategies import plan_collectives, with_strategies
+from neocfg.runtime.launch import launch
+from neocfg.runtime.plans import rule_plan
+from neocfg.sharding.collectives import Carries, CollectiveKind, GroupScope
+from neocfg.types import (Backend, CommDtype, DenseGradSync, IdDtype, IdsExchange, RoutingEncoding, ShardingType as S,
+                          WeightsDtype)
+
+STEPS = 4
+BATCH = 8
+# every sharding type; table_row_wise is a reduce-scatter on one node, the two-level exchange on two
+MIX = [S.table_wise, S.row_wise, S.column_wise, S.data_parallel, S.table_wise, S.row_wise, S.table_row_wise,
+       S.table_column_wise]
+# The torch.distributed functions wrapped in the ranks (a call inside another wrapped one is not counted twice).
+WRAPPED = {"all_to_all_single": CollectiveKind.all_to_all, "reduce_scatter_single": CollectiveKind.reduce_scatter,
+           "reduce_scatter_tensor": CollectiveKind.reduce_scatter, "all_gather_single": CollectiveKind.all_gather,
+           "all_gather_into_tensor": CollectiveKind.all_gather, "all_reduce": CollectiveKind.all_reduce,
+           "all_to_all": None, "all_gather": None, "reduce_scatter": None, "broadcast": None}
+
+
+def _cfg(**train):
+    cfg = compose_cfg([f"train.batch_size={BATCH}", f"train.steps={STEPS}", "train.eval_batches=0",
+                       "train.log_every=1000", "train.divergence_factor=0", "hardware=cpu_local"])
+    # one id per sample and table: the id payload's bytes are the same every step (the plan counts the mean)
+    model = dataclasses.replace(cfg.model, tables=[dataclasses.replace(t, pooling_factor=1.0)
+                                                   for t in cfg.model.tables])
+    return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, **train))
+
+
+def _job(cfg, world, per, sharding=None, fp16_table=None, **strategies):
+    sh = {t.name: s for t, s in zip(cfg.model.tables, sharding or MIX)}
+    plan = rule_plan(cfg.model, world=world, devices_per_node=per, batch_size=BATCH, sharding=sh,
+                     a2a_fwd_dtype=strategies.pop("fwd", CommDtype.fp32),
+                     a2a_bwd_dtype=strategies.pop("bwd", CommDtype.fp32))
+    if fp16_table is not None:   # a second TBE group on its rank: the id counts carry each group's ids
+        tables = list(plan.tables)
+        tables[fp16_table] = dataclasses.replace(tables[fp16_table], weights_dtype=WeightsDtype.fp16)
+        plan = dataclasses.replace(plan, tables=tuple(tables))
+    plan = with_strategies(cfg, plan)
+    plan = dataclasses.replace(plan, strategies=dataclasses.replace(plan.strategies, **strategies))
+    return cfg, plan
+
+
+def _record(env, jobs):
+    """Rank fn: per job, the collectives issued in each step (by the step's thread) and in the prefetch thread."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    from neocfg.runtime.train import Trainer
+
+    out = []
+    for cfg, plan in jobs:
+        trainer = Trainer(cfg, plan, None, env.device)
+        emb = trainer.emb
+        labels = {id(emb.id_group): "ids", id(trainer.comm.group): "exchange"}
+        if emb.ahead_group is not None:
+            labels[id(emb.ahead_group)] = "ids_ahead"
+        if emb.replicated.group is not None:
+            labels[id(emb.replicated.group)] = "replicas"
+        if emb.xp.node_comms is not None:
+            labels[id(emb.xp.node_comms.node.group)] = "node"
+            labels[id(emb.xp.node_comms.cross.group)] = "cross"
+        if isinstance(trainer.model, DistributedDataParallel):
+            # DDP's own all-reduce, through the Python API so that the wrapper sees it (same buckets, same sums)
+            trainer.model.register_comm_hook(None, allreduce_hook)
+        calls: dict = {"steps": defaultdict(list), "ahead": [], "other": []}
+        where = {"step": None}
+        main = threading.get_ident()
+        real = {name: getattr(dist, name) for name in WRAPPED}
+        depth = threading.local()
+
+        def wrap(name):
+            def call(*args, **kw):
+                if getattr(depth, "n", 0):
+                    return real[name](*args, **kw)
+                group = kw.get("group")
+                label = "default" if group is None or group is dist.group.WORLD else labels.get(id(group), "?")
+                if name in ("all_reduce",):
+                    sent = received = args[0].numel() * args[0].element_size()
+                elif WRAPPED[name] is not None:
+                    out_t, in_t = args[0], args[1]
+                    sent, received = in_t.numel() * in_t.element_size(), out_t.numel() * out_t.element_size()
+                else:
+                    sent = received = -1
+                rec = (name, label, sent, received)
+                if threading.get_ident() != main:
+                    calls["ahead"].append(rec)
+                elif where["step"] is not None:
+                    calls["steps"][where["step"]].append(rec)
+                else:
+                    calls["other"].append(rec)
+                depth.n = 1
+                try:
+                    return real[name](*args, **kw)
+                finally:
+                    depth.n = 0
+            return call
+
+        step = trainer.train_step
+
+        def counted_step():
+            where["step"] = trainer.step
+            try:
+                return step()
+            finally:
+                where["step"] = None
+
+        trainer.train_step = counted_step
+        for name in WRAPPED:
+            setattr(dist, name, wrap(name))
+        try:
+            trainer.run(resume=False, show_progress=False)
+        finally:
+            for name in WRAPPED:
+                setattr(dist, name, real[name])
+        out.append({"steps": dict(calls["steps"]), "ahead": calls["ahead"]})
+    return out
+
+
+def _tally(records):
+    """{(kind, group label): [calls, sent, received]} of recorded calls."""
+    t: dict = defaultdict(lambda: [0, 0, 0])
+    for name, label, sent, received in records:
+        kind = WRAPPED[name]
+        key = (kind.value if kind else name, label)
+        t[key][0] += 1
+        t[key][1] += sent
+        t[key][2] += received
+    return {k: tuple(v) for k, v in t.items()}
+
+
+def _expected(plan_list, ahead: bool):
+    """The plan's list tallied as the calls are (forward and backward all-to-alls of one group together)."""
+    t: dict = defaultdict(lambda: [0, 0, 0])
+    for c in plan_list:
+        v = t[(c.kind.value, _group_of(c, ahead))]
+        v[0] += c.count
+        v[1] += round(c.sent)
+        v[2] += round(c.received)
+    return {k: tuple(v) for k, v in t.items()}
+
+
+def _group_of(c, ahead):
+    if c.carries in (Carries.ids, Carries.id_counts):
+        return "ids_ahead" if ahead else "ids"
+    if c.carries is Carries.replica_grads:
+        return "replicas"
+    if c.carries is Carries.dense_grads:
+        return "default"
+    return {GroupScope.world: "exchange", GroupScope.intra_node: "node", GroupScope.cross_node: "cross"}[c.group]
+
+
+def _check(jobs, world):
+    ran = launch(_record, (jobs,), world=world, backend=Backend.gloo, timeout_s=300)
+    for j, (cfg, plan) in enumerate(jobs):
+        lists = plan_collectives(cfg, plan)
+        ahead = plan.strategies.ids_exchange is IdsExchange.prefetch
+        steady = range(1, STEPS - 1)   # the pipelined step's first exchanges the counts, its last sends nothing
+        ids_received = defaultdict(int)
+        want_ids_received = defaultdict(int)
+        for rank, (per_rank, listed) in enumerate(zip(ran, lists)):
+            got_job = per_rank[j]
+            want = _expected(listed, ahead)
+            # the id payload's received bytes depend on where the ids' rows fall: summed over the ranks below
+            ids_key = ("all_to_all", "ids_ahead" if ahead else "ids")
+            if ahead:
+                want.pop(ids_key)   # checked batch by batch in the prefetch thread
+            for s in steady:
+                got = _tally(got_job["steps"][s])
+                want_in_step = dict(want)
+                if not ahead:   # (ahead: nothing of the ids in the step)
+                    got_ids, wanted_ids = got.pop(ids_key, None), want_in_step.pop(ids_key)
+                    assert got_ids is not None, f"job {j} rank {rank} step {s}: no id payload issued"
+                    assert got_ids[:2] == wanted_ids[:2], f"job {j} rank {rank} step {s}: id payload"
+                    ids_received[s] += got_ids[2]
+                    want_ids_received[s] += wanted_ids[2]
+                assert got == want_in_step, f"job {j} ({plan.strategies.describe()}) rank {rank} step {s}"
+            if ahead:   # the prefetch thread: per batch, the listed id collectives on the ahead group, nothing else
+                per_batch = [c for c in listed if c.carries in (Carries.ids, Carries.id_counts)]
+                calls = got_job["ahead"]
+                assert calls and len(calls) % len(per_batch) == 0, f"job {j} rank {rank}: {calls}"
+                for i, rec in enumerate(calls):
+                    c = per_batch[i % len(per_batch)]
+                    assert (WRAPPED[rec[0]], rec[1], rec[2]) == (c.kind, "ids_ahead", round(c.sent)), \
+                        f"job {j} rank {rank} ahead call {i}: {rec} vs {c}"
+            else:
+                assert not got_job["ahead"]
+        for s in steady:
+            assert ids_received[s] == want_ids_received[s], f"job {j} step {s}: id payload bytes received"
+
+
+def test_two_ranks_issue_the_plans_collectives():
+    base = _cfg()
+    jobs = [
+        # pipeline off, DDP, lengths, int32, two TBE groups on a rank (the counts carry each group's ids)
+        _job(base, 2, 2, fp16_table=0, pipeline=False, ids_exchange=IdsExchange.step,
+             dense_grad_sync=DenseGradSync.ddp),
+        # pipelined, dense gradients riding in the backward all-to-all, codes, int64, fp16 / bf16 on the wire
+        _job(base, 2, 2, pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.exchange,
+             id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes, fwd=CommDtype.fp16, bwd=CommDtype.bf16),
+        # ids exchanged a batch ahead in the prefetch thread, DDP
+        _job(base, 2, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.ddp),
+        # no all-to-all output at all (row-wise and data-parallel only), pipelined
+        _job(base, 2, 2, sharding=[S.row_wise, S.data_parallel] * 4, pipeline=True, ids_exchange=IdsExchange.step,
+             dense_grad_sync=DenseGradSync.ddp),
+        # two nodes of one rank: table_wise and column_wise across nodes
+        _job(base, 2, 1, sharding=[S.table_wise, S.column_wise] * 4, pipeline=False, ids_exchange=IdsExchange.step,
+             dense_grad_sync=DenseGradSync.exchange),
+    ]
+    _check(jobs, 2)
+
+
+def test_four_ranks_on_two_nodes_issue_the_plans_collectives():
+    base = _cfg()
+    jobs = [
+        _job(base, 4, 2, pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.exchange),
+        _job(base, 4, 2, fp16_table=6, pipeline=False, ids_exchange=IdsExchange.step,
+             dense_grad_sync=DenseGradSync.ddp, routing_encoding=RoutingEncoding.codes, fwd=CommDtype.bf16),
+        _job(base, 4, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.ddp),
+    ]
+    _check(jobs, 4)
