@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
@@ -24,7 +26,7 @@ from neocfg.batch import Batch
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import FeatureColumns, dataset_splits, open_dataset, rank_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
-from neocfg.data.dpp.progress import ClientMark, Position
+from neocfg.data.dpp.progress import ClientMark, DeliveryLog, Position
 from neocfg.data.dpp.service import DppService, make_backend
 from neocfg.data.dpp.sizing import PlannedDpp, WorkerCount, WorkerCountSource, worker_count
 from neocfg.data.dpp.worker import WorkerSpec
@@ -37,6 +39,10 @@ from neocfg.types import DppBackendKind, TransformOp
 STATE_KEY = "dpp_position"
 SCOPE_KEY = "dpp_scope"
 
+# A directory: every rank's client appends each sample it hands out, as (epoch, sample_id) int64 pairs, to
+# rank<r>.bin there (progress.DeliveryLog), to check exactly-once delivery on a real cluster.
+AUDIT_ENV = "NEOCFG_DPP_AUDIT"
+
 # Rank 0's value, given to every rank (the runtime's broadcast; identity in a single process).
 Share = Callable[[Any], Any]
 
@@ -45,9 +51,10 @@ class DppSource:
     """A BatchSource backed by a DPP service with one client (this rank)."""
 
     def __init__(self, setup: ServiceSetup, kind: DppBackendKind, workers: WorkerCount, *, client: int = 0,
-                 ray_options: Optional[dict[str, Any]] = None) -> None:
+                 ray_options: Optional[dict[str, Any]] = None, log: Optional[Path] = None) -> None:
+        """`log`: the file of this rank's DeliveryLog (none by default)."""
         self.setup, self.kind, self.workers, self.client_index = setup, kind, workers, client
-        self.ray_options = ray_options or {}
+        self.ray_options, self.log = ray_options or {}, log
         self.service: Optional[DppService] = None
         if not kind.job_wide:
             self._start()
@@ -55,6 +62,8 @@ class DppSource:
     def _start(self) -> None:
         backend = make_backend(self.kind, self.setup, **self.ray_options)
         self.service = DppService(self.setup, self.kind, clients=[self.client_index], backend=backend).start()
+        if self.log is not None:
+            self.service.clients[0].log = DeliveryLog(self.log)
 
     def _client(self):
         if self.service is None:
@@ -181,8 +190,10 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     setup = ServiceSetup(splits=tuple(splits), spec=spec, workers=per, seed=d.seed + (0 if job_wide else rank),
                          num_clients=world_size if job_wide else 1, on_bad_split=d.on_bad_split, limits=limits,
                          scope=scope)
+    audit = os.environ.get(AUDIT_ENV)
+    log = Path(audit) / f"rank{rank}.bin" if audit and not eval else None
     if not job_wide:
-        return DppSource(setup, kind, workers)
+        return DppSource(setup, kind, workers, log=log)
     try:
         from neocfg.data.dpp.ray_backend import connect
     except ImportError as exc:
@@ -191,7 +202,7 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
 
     options, warning = connect(d, rank, share or (lambda x: x), sizing, per)
     _say(rank, warning)
-    return DppSource(setup, kind, workers, client=rank, ray_options={"ray": options})
+    return DppSource(setup, kind, workers, client=rank, ray_options={"ray": options}, log=log)
 
 
 def _warn_small_dataset(cfg: NeocfgConfig, rank: int, world_size: int, rows: int, eval: bool) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.dpp.backend import DppBackend
 from neocfg.data.dpp.master import DataStall
-from neocfg.data.dpp.progress import ClientMark, Consumed, Position, RowRange, Tracker
+from neocfg.data.dpp.progress import ClientMark, Consumed, DeliveryLog, Position, RowRange, Tracker
 from neocfg.data.dpp.worker import Piece, SplitResult
 from neocfg.errors import DataError
 
@@ -73,6 +73,7 @@ class DppClient:
         # The first batch waits for the workers to start; the steady-state stall is measured after it.
         self.first_wait_s: float | None = None
         self.first_return: float | None = None
+        self.log: DeliveryLog | None = None  # every sample handed out, with its epoch (an audit)
 
     def next_arrays(self) -> BatchArrays:
         """The next batch: exactly batch_size rows (a finite service's very last batch may be shorter)."""
@@ -195,6 +196,10 @@ class DppClient:
         for h in parts:
             self.tracker.delivered(h.epoch, h.split, h.piece.start, h.piece.start + h.piece.arrays.rows)
         batch = BatchArrays.concat([h.piece.arrays for h in parts])
+        if self.log is not None:
+            for h in parts:
+                self.log.write(h.epoch, h.piece.arrays.sample_ids)
+            self.log.flush()
         self.delivered += batch.rows
         self.batches += 1
         while self._prune and self._prune[0][1] <= self.batches:

@@ -261,3 +261,29 @@ class Tracker:
         """Entries held (splits in hand, their intervals, unreported finishes, open epochs' finished splits)."""
         return (len(self.owed) + sum(len(r) for r in self.ranges.values()) + len(self.finished)
                 + sum(len(d) for d in self.done.values()))
+
+
+class DeliveryLog:
+    """Every sample a client hands out, as (epoch, sample_id) int64 pairs appended to a file (flushed per batch):
+    what a user checks exactly-once delivery with, across ranks and failures (NEOCFG_DPP_AUDIT)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.file = path.open("ab")
+
+    def write(self, epoch: int, sample_ids: np.ndarray) -> None:
+        pairs = np.empty((len(sample_ids), 2), dtype=np.int64)
+        pairs[:, 0], pairs[:, 1] = epoch, sample_ids
+        pairs.tofile(self.file)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+    @staticmethod
+    def read(path: Path) -> np.ndarray:
+        """The [n, 2] (epoch, sample_id) pairs of one log (a partly written last pair is dropped)."""
+        raw = np.fromfile(path, dtype=np.int64)
+        return raw[: len(raw) // 2 * 2].reshape(-1, 2)

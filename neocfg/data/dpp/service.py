@@ -61,6 +61,9 @@ class DppService:
 
     def close(self) -> None:
         self.backend.close()
+        for c in self.clients:
+            if c.log is not None:
+                c.log.close()
 
     def __enter__(self) -> "DppService":
         return self.start()
