@@ -236,6 +236,12 @@ def _sparse_nn(rows=100, dims=(64, 64, 64, 64), dtype=None, config=EmbeddingBagC
     return TestSparseNN(tables=tables, sparse_device=torch.device("meta"), **kw)
 
 
+def _sparse_nn_of(configs):
+    from torchrec.distributed.test_utils.test_model import TestSparseNN
+
+    return TestSparseNN(tables=list(configs), sparse_device=torch.device("meta"))
+
+
 def _only(sharding_types, kernels):
     """A sharder offering these sharding types and compute kernels only."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -405,15 +411,41 @@ def test_sharder_kernels_bound_the_plan():
         NeocfgShardingPlanner(topo).plan(model, [_only(["table_wise", "row_wise"], ["fused"])])
 
 
-def test_per_device_memory_zero_ddr_and_nodes():
+def _rank_bytes(planner, world):
+    """TorchRec's storage estimate of the chosen shards, summed per rank (HBM)."""
+    per = [0] * world
+    for o in planner._best_plan:
+        for shard in o.shards:
+            per[shard.rank] += shard.storage.hbm
+    return per
+
+
+def test_per_device_memory_per_rank():
+    """Each rank gets its own device's memory: ten ~1 GiB tables (table-wise, HBM only) fit three 8 GiB devices and
+    not the 1 GiB one, which holds only small tables; planned for the smallest device on every rank, they fit none."""
     from torchrec.distributed.planner.types import DeviceHardware, Storage
 
     topo = _cuda(world=4, local=2, hbm=8 * 1024**3)
     topo.devices[3] = DeviceHardware(rank=3, storage=Storage(hbm=1024**3, ddr=topo.devices[3].storage.ddr),
                                      perf=topo.devices[3].perf)
-    cfg = NeocfgShardingPlanner(topo).config(_sparse_nn(), None)
+    model = _sparse_nn_of(EmbeddingBagConfig(num_embeddings=2_000_000 if i < 10 else 1000, embedding_dim=128,
+                                             name=f"t{i}", feature_names=[f"f{i}"]) for i in range(14))
+    tw = [_only(["table_wise"], ["fused"])]
+    planner = NeocfgShardingPlanner(topo, constraints={f"t{i}": ParameterConstraints(pooling_factors=[20.0])
+                                                       for i in range(14)})
+    plan = _shardings(planner.plan(model, tw))
+    reserved = planner._storage_reservation.reserve(topology=topo, batch_size=planner.batch_size, module=model,
+                                                    sharders=tw, constraints=planner.constraints)
+    used = _rank_bytes(planner, 4)
+    assert all(u <= d.storage.hbm for u, d in zip(used, reserved.devices)), (used, reserved.devices)
+    big = {n for n, ps in plan.items() if int(n[1:]) < 10}
+    assert len(big) == 10 and all(plan[n].ranks != [3] for n in big)   # no ~1 GiB table on the 1 GiB device
+    assert sum(used[:3]) > 3 * reserved.devices[3].storage.hbm   # more than the smallest device x 3: per rank
+    cfg = planner.config(model, tw)
     assert cfg.hardware.nodes == 2 and cfg.hardware.devices_per_node == 2
-    assert cfg.hardware.device.hbm_gib < 1.0   # the 1 GiB device binds, not devices[0]'s 8 GiB
+
+
+def test_zero_ddr_and_nodes():
     no_ddr = _cuda(ddr_cap=0)
     cfg = NeocfgShardingPlanner(no_ddr).config(_sparse_nn(), None)
     assert [t.value for t in cfg.planner.memory_tiers] == ["hbm"]
@@ -479,3 +511,29 @@ def test_plan_rates_no_worse_than_torchrecs_by_torchrecs_estimator():
 
     theirs = rating(EmbeddingShardingPlanner(topo, 512, constraints=cons), model, get_default_sharders())
     assert ours <= theirs * 1.0001, (ours, theirs)
+
+
+def test_offload_scaleup_proposer_keeps_its_search_space():
+    """With EmbeddingOffloadScaleupProposer each table is planned in the option that proposer proposes first (TorchRec's
+    proposer, loaded on the same options, says which); without it neocfg picks among all options, here others."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+
+    topo = _cuda(world=4, local=4, hbm=64 * 1024**2)
+    cons = {f"t{i}": ParameterConstraints(cache_params=CacheParams(algorithm=CacheAlgorithm.LRU),
+                                          pooling_factors=[float(1 + 2 * i)]) for i in range(4)}
+    model, sharders = _sparse_nn(rows=3000, dims=(32, 64, 128, 64)), [EmbeddingBagCollectionSharder()]
+    proposer = EmbeddingOffloadScaleupProposer()
+    proposer.load(search_space=EmbeddingEnumerator(topology=topo, batch_size=512, constraints=cons).enumerate(
+        model, sharders))
+    expected = {o.name: (o.sharding_type, o.compute_kernel, len(o.shards)) for o in proposer.starting_proposal}
+
+    def chosen(planner):
+        planner.plan(model, sharders)
+        return {o.name: (o.sharding_type, o.compute_kernel, len(o.shards)) for o in planner._best_plan}
+
+    assert chosen(NeocfgShardingPlanner(topo, 512, constraints=cons, proposer=EmbeddingOffloadScaleupProposer())) \
+        == expected
+    assert chosen(NeocfgShardingPlanner(topo, 512, constraints=cons)) != expected

@@ -1,15 +1,17 @@
 """TorchRec's own sharded-vs-unsharded check (torchrec.distributed.test_utils.test_sharding, shipped in its wheel)
-with NeocfgShardingPlanner as the planner: TestSparseNN is planned by neocfg, wrapped in DistributedModelParallel
-on 2 gloo ranks, given one SGD step, and its predictions compared with the unsharded model's, for every sharding
-type TorchRec's CPU runtime runs (table-, column-, table-column-, row-wise, data-parallel), fp32 and fp16 tables,
-an EmbeddingBagCollection with weighted features beside it. The sharder of each case offers one sharding type and
-kernel, so the plan must take it; the plan each rank received is recorded and checked too.
+with NeocfgShardingPlanner as the planner: a TorchRec test model is planned by neocfg, wrapped in
+DistributedModelParallel on 2 gloo ranks, given one SGD step, and its predictions compared with the unsharded
+model's, fp32 and fp16 tables. The sharder of each case offers one sharding type and kernel, so the plan must take
+it; the plan each rank received is recorded and checked too.
 
-EmbeddingCollection is not among the cases: TorchRec's oracle checks it with TestSequenceSparseNN, which the wheel
-does not ship, and the shipped TestSparseNN cannot run one (its forward fails on an EmbeddingCollection's output,
-`ebc.keys()[:]` on dict keys, with every planner); TorchRec's ShardedEmbeddingCollection has no table-column-wise.
+- EmbeddingBagCollection (TestSparseNN, with a weighted EBC beside it): table-, column-, table-column-, row-wise and
+  data-parallel, every sharding type TorchRec's CPU runtime runs.
+- EmbeddingCollection (TestMixedEmbeddingSparseArch, the wheel's sequence-embedding model): table-, column- and
+  row-wise. TorchRec 1.8's runtime runs no other: ShardedEmbeddingCollection raises "Sharding not supported
+  table_column_wise", and its data-parallel forward on CPU fails in construct_jagged_tensors (split sizes of the
+  ids against one row per bag) -- with TorchRec's own EmbeddingShardingPlanner too, so no plan can pass them.
 
-All 10 cases run in one pair of spawned ranks (TorchRec's import dominates a spawn); a case's failure is recorded
+All cases run in one pair of spawned ranks (TorchRec's import dominates a spawn); a case's failure is recorded
 and the next case runs. Skipped, saying why, where TorchRec is not installed (`make test` runs this file in
 .venv-torchrec)."""
 
@@ -35,10 +37,12 @@ import torch.multiprocessing as mp  # noqa: E402
 from neocfg.runtime.launch import free_port  # noqa: E402
 
 WORLD = 2
-KINDS = ("embedding_bag_collection",)
-SHARDINGS = ("table_wise", "column_wise", "table_column_wise", "row_wise", "data_parallel")
+# Each collection, with the sharding types TorchRec 1.8's runtime runs for it on CPU.
+SHARDINGS = {"embedding_bag_collection": ("table_wise", "column_wise", "table_column_wise", "row_wise",
+                                          "data_parallel"),
+             "embedding_collection": ("table_wise", "column_wise", "row_wise")}
 DTYPES = ("FP32", "FP16")
-CASES = [(k, s, d) for k in KINDS for s in SHARDINGS for d in DTYPES]
+CASES = [(k, s, d) for k, shardings in SHARDINGS.items() for s in shardings for d in DTYPES]
 # Collectives of a case that failed on the other rank give up after this long instead of hanging the run.
 COLLECTIVE_TIMEOUT_S = 30
 
@@ -89,7 +93,8 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.planner.types import ParameterConstraints
     test_sharding = _import_oracle()
-    from torchrec.distributed.test_utils.test_model import TestSparseNN
+    from torchrec.distributed.test_utils.test_model import TestMixedEmbeddingSparseArch, TestSparseNN
+    model_class = {"embedding_bag_collection": TestSparseNN, "embedding_collection": TestMixedEmbeddingSparseArch}
 
     from neocfg.interop.torchrec import NeocfgShardingPlanner
 
@@ -130,7 +135,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
             try:
                 test_sharding.sharding_single_rank_test_single_process(
                     pg=dist.group.WORLD, device=torch.device("cpu"), rank=rank, world_size=WORLD,
-                    model_class=TestSparseNN, embedding_groups={"group_0": features}, tables=tables,
+                    model_class=model_class[kind], embedding_groups={"group_0": features}, tables=tables,
                     weighted_tables=weighted, sharders=[sharder], optim=EmbOptimType.EXACT_SGD,
                     constraints=constraints, local_size=WORLD)
                 got = {name: (ps.sharding_type, ps.compute_kernel, len(ps.ranks or []))

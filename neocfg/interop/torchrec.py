@@ -9,7 +9,7 @@ plan() runs TorchRec's own steps around neocfg's solver: the storage reservation
 and KJT buffers and takes them off each device; the enumerator lists each table's options (sharding type x compute
 kernel x column split), bounded by the sharders' sharding_types() / compute_kernels() and the constraints. Those
 options become a neocfg model (sharding types, memory tiers, column slice counts, the table's dtype, its pooling);
-the hardware is TorchRec's Topology (node layout, the smallest device's memory after the reservation; bandwidths on
+the hardware is TorchRec's Topology (node layout, each rank's own memory after the reservation; bandwidths on
 CUDA only, where TorchRec's figures describe a GPU: on CPU the preset's calibrated figures stay). neocfg solves it and
 each table's chosen option, its shards on neocfg's ranks, goes through TorchRec's callbacks, stats and
 to_sharding_plan, so the constraints' fused parameters (cache params, enforce_hbm, stochastic rounding, bounds check
@@ -164,19 +164,15 @@ def _pooling(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], batch: in
 
 
 def _table_config(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], options: Sequence[ShardingOption],
-                  batch: int, offload: bool = False) -> TableConfig:
+                  batch: int) -> TableConfig:
     """The neocfg table of one module table: its pooling, and the sharding types, memory tiers and column slice
-    counts of TorchRec's enumerated options for it (which already honour the sharders and the constraints).
-    `offload`: only its UVM-caching options where it has any (what EmbeddingOffloadScaleupProposer proposes)."""
+    counts of TorchRec's enumerated options for it (which already honour the sharders and the constraints)."""
     known = {m.value for m in ShardingType}
     usable = [o for o in options if o.sharding_type in known and
               (o.compute_kernel in TIER_OF_KERNEL or o.compute_kernel == DATA_PARALLEL_KERNEL)
               # the constraints again, for an enumerator given without them
               and (c is None or not c.sharding_types or o.sharding_type in c.sharding_types)
               and (c is None or not c.compute_kernels or o.compute_kernel in c.compute_kernels)]
-    cached = [o for o in usable if o.compute_kernel == KERNEL_OF_TIER[MemoryTier.uvm_caching]]
-    if offload and cached:
-        usable = cached
     if not usable:
         pairs = sorted({(o.sharding_type, o.compute_kernel) for o in options})
         raise PlannerError(f"table {t.name}: none of its allowed (sharding type, compute kernel) pairs {pairs} is "
@@ -194,14 +190,14 @@ def _table_config(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], opti
 
 
 def model_config(found: Sequence[FoundTable], constraints: Mapping[str, ParameterConstraints],
-                 search_space: Sequence[ShardingOption], batch: int, name: str, offload: bool = False) -> ModelConfig:
+                 search_space: Sequence[ShardingOption], batch: int, name: str) -> ModelConfig:
     """The neocfg model of the module's tables. Its dense MLPs only shape the dense estimate, which is the same for
     every plan; their memory is not counted (planner.dense_resident_bytes=0): the storage reservation measured the
     module's own dense part. DCN when the tables' dims differ (dot needs one)."""
     by_name: dict[str, list[ShardingOption]] = {}
     for o in search_space:
         by_name.setdefault(o.name, []).append(o)
-    tables = [_table_config(f.config, constraints.get(f.config.name), by_name.get(f.config.name, []), batch, offload)
+    tables = [_table_config(f.config, constraints.get(f.config.name), by_name.get(f.config.name, []), batch)
               for f in found if f.config.name in by_name]
     dims = {t.embedding_dim for t in tables}
     model = ModelConfig(name=name, tables=tables, interaction=Interaction.dot if len(dims) == 1 else Interaction.dcn)
@@ -210,15 +206,16 @@ def model_config(found: Sequence[FoundTable], constraints: Mapping[str, Paramete
 
 
 def topology_overrides(topology: Topology, reserved: Optional[Topology] = None) -> list[str]:
-    """neocfg hardware overrides of a TorchRec Topology: nodes from local_world_size; device memory the smallest
-    device's after the storage reservation (`reserved`, the topology reserve() returned); bandwidths on CUDA only."""
+    """neocfg hardware overrides of a TorchRec Topology: nodes from local_world_size; device memory the largest
+    device's after the storage reservation (`reserved`, the topology reserve() returned; rank_capacity gives each
+    rank its own where they differ); bandwidths on CUDA only."""
     local = topology.local_world_size
     if topology.world_size % local:
         raise PlannerError(f"topology: world_size {topology.world_size} must be a multiple of local_world_size "
                            f"{local}", PlannerErrorType.INPUT_VALIDATION)
     devices = (reserved or topology).devices
-    hbm = min(d.storage.hbm for d in devices)
-    ddr = min(d.storage.ddr for d in devices)
+    hbm = max(d.storage.hbm for d in devices)
+    ddr = max(d.storage.ddr for d in devices)
     out = [f"hardware.name=torchrec_{topology.compute_device}_{topology.world_size}",
            f"hardware.nodes={topology.world_size // local}", f"hardware.devices_per_node={local}"]
     if reserved is not None:   # the reservation took its share: neocfg keeps none back
@@ -231,9 +228,19 @@ def topology_overrides(topology: Topology, reserved: Optional[Topology] = None) 
             f"hardware.host.pcie_bandwidth_gbs={topology.hbm_to_ddr_mem_bw * bw}",
             f"hardware.intra_node_bandwidth_gbs={topology.intra_host_bw * bw}",
             f"hardware.inter_node_bandwidth_gbs={topology.inter_host_bw * bw}"]
-    if ddr == 0:   # no host memory: no UVM tier
+    if ddr == 0:   # no device has host memory: no UVM tier
         out.append("planner.memory_tiers=[hbm]")
     return out
+
+
+def rank_capacity(reserved: Topology, cost: CostModel) -> tuple[NeoStorage, ...]:
+    """Each rank's memory after the storage reservation, where the devices differ (() where they are alike: the
+    cost model's capacity is every rank's). On CPU TorchRec's device memory is DDR, neocfg's the rank's own."""
+    if reserved.compute_device == "cpu":
+        per = [NeoStorage(max(d.storage.ddr, d.storage.hbm, 1), cost.host_capacity) for d in reserved.devices]
+    else:
+        per = [NeoStorage(max(d.storage.hbm, 1), d.storage.ddr) for d in reserved.devices]
+    return tuple(per) if len(set(per)) > 1 else ()
 
 
 def compose_config(overrides: Sequence[str]) -> NeocfgConfig:
@@ -374,12 +381,12 @@ class NeocfgShardingPlanner:
                                PlannerErrorType.INPUT_VALIDATION)
         self.estimator = estimator
         proposers = [] if proposer is None else (list(proposer) if isinstance(proposer, list) else [proposer])
-        # EmbeddingOffloadScaleupProposer's search space is kept (UVM caching wherever a table offers it); its cache
+        # EmbeddingOffloadScaleupProposer's search space is kept (each table's option it proposes first); its cache
         # scale-up is not (the cache ratio stays the constraint's load factor, or planner.cache_ratio)
-        self._offload = any(isinstance(p, EmbeddingOffloadScaleupProposer) for p in proposers)
-        if self._offload:
-            _warn_once("scaleup", "NeocfgShardingPlanner: EmbeddingOffloadScaleupProposer: tables are planned in "
-                                  "fused_uvm_caching where they offer it; their caches are not scaled up")
+        self._offload = next((p for p in proposers if isinstance(p, EmbeddingOffloadScaleupProposer)), None)
+        if self._offload is not None:
+            _warn_once("scaleup", "NeocfgShardingPlanner: EmbeddingOffloadScaleupProposer: each table is planned in "
+                                  "the option that proposer proposes first; caches are not scaled up")
         for name, value in (("proposer", None if self._offload else proposer), ("partitioner", partitioner),
                             ("performance_model", performance_model)):
             if value is not None:
@@ -450,17 +457,27 @@ class NeocfgShardingPlanner:
 
     def _search_space(self, module: nn.Module, sharders: Sequence[ModuleSharder]) -> list[ShardingOption]:
         try:
-            return self._enumerator.enumerate(module=module, sharders=list(sharders))
+            options = self._enumerator.enumerate(module=module, sharders=list(sharders))
         except RuntimeError as exc:   # TorchRec's enumerator: no option left for a table
             raise PlannerError(str(exc), PlannerErrorType.STRICT_CONSTRAINTS) from None
+        return options if self._offload is None else self._proposed(options)
+
+    def _proposed(self, search_space: list[ShardingOption]) -> list[ShardingOption]:
+        """EmbeddingOffloadScaleupProposer's search space: the one option per table it proposes first (TorchRec's
+        proposer keeps each table's best-scored fused_uvm_caching option, promoted to fused where prefetching costs
+        more than offloading saves). A copy of the user's proposer is loaded, as TorchRec's planner loads it; neocfg
+        places those options on ranks and does not scale the caches up."""
+        proposer = copy.deepcopy(self._offload)
+        proposer.load(search_space=copy.deepcopy(search_space), enumerator=self._enumerator)
+        chosen = {(o.name, o.sharding_type, o.compute_kernel, len(o.shards)) for o in proposer.starting_proposal}
+        return [o for o in search_space if (o.name, o.sharding_type, o.compute_kernel, len(o.shards)) in chosen]
 
     def _config_of(self, module: nn.Module, sharders: Sequence[ModuleSharder], search_space: list[ShardingOption],
                    reserved: Optional[Topology]) -> NeocfgConfig:
         found = find_tables(module, sharders)
         for f in found:
             _check_table(f.config, (self._constraints or {}).get(f.config.name), self.compute_device)
-        model = model_config(found, self._constraints or {}, search_space, self._batch_size, self.model_name,
-                             self._offload)
+        model = model_config(found, self._constraints or {}, search_space, self._batch_size, self.model_name)
         types = sorted({s.value for t in model.tables for s in t.sharding_types or []})
         extra = [f"planner.sharding_types=[{','.join(types)}]"]
         if reserved is not None:
@@ -525,7 +542,9 @@ class NeocfgShardingPlanner:
                                f"left after the storage reservation", PlannerErrorType.INSUFFICIENT_STORAGE)
         cfg = self._config_of(module, sharders, search_space, reserved)
         self._num_proposals += 1
-        cost = TorchRecTermsCost.of(CostModel.from_config(cfg), torchrec_terms(search_space, self.compute_device),
+        base = CostModel.from_config(cfg)
+        base = dataclasses.replace(base, rank_capacity=rank_capacity(reserved, base))
+        cost = TorchRecTermsCost.of(base, torchrec_terms(search_space, self.compute_device),
                                     use_perf=self.estimator == "torchrec")
         try:
             self.last_plan = plan_placement(cfg, cost)

@@ -139,6 +139,9 @@ class CostModel:
     tbe_ms_per_group: float = 0.0        # fixed host time of one fused lookup group (TBE) call, forward + backward
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
+    # Each rank's usable bytes where devices differ (a TorchRec Topology's devices); () = the capacities above on
+    # every rank. The heuristics place against the smallest (`capacity`), the exact ILP and the checks per rank.
+    rank_capacity: tuple[Storage, ...] = ()
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -167,7 +170,17 @@ class CostModel:
 
     @property
     def capacity(self) -> Storage:
+        """What every device has: the smallest rank's capacity where devices differ."""
+        if self.rank_capacity:
+            return Storage(min(c.hbm for c in self.rank_capacity), min(c.host for c in self.rank_capacity))
         return Storage(self.hbm_capacity, self.host_capacity)
+
+    @property
+    def most_capacity(self) -> Storage:
+        """The largest rank's capacity (memory rows of relaxations, which must not cut off any plan)."""
+        if self.rank_capacity:
+            return Storage(max(c.hbm for c in self.rank_capacity), max(c.host for c in self.rank_capacity))
+        return self.capacity
 
     @property
     def global_batch(self) -> int:

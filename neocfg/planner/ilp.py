@@ -119,7 +119,7 @@ def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]], deadlin
         full = scale >= 1.0 and share >= 1.0
         restricted = dataclasses.replace(p, **timing, options=p.options if share >= 1.0 else _small_pieces(p, share),
                                          gap=p.gap * AGGREGATE_GAP_SHARE)
-        cap = Storage(int(p.capacity.hbm * scale), int(p.capacity.host * scale))
+        cap = Storage(int(p.most_capacity.hbm * scale), int(p.most_capacity.host * scale))
         model = AggregateModel(restricted, cap)
         for relax in (True, False):
             out, weight = run_model(restricted, model, None if relax or not full else best, relax=relax)
@@ -145,7 +145,7 @@ def aggregate_bound(p: IlpProblem, warm: Optional[Sequence[Placement]]) -> tuple
     """The aggregated MIP on a small instance (it closes in well under a second): a proven bound on the makespan that
     the exact model starts from (the exact model's own bound rises slowly: identical devices make many plans alike),
     and its choice placed."""
-    model = AggregateModel(p, p.capacity)
+    model = AggregateModel(p, p.most_capacity)
     out, weight = run_model(p, model, warm)
     if out.status == "infeasible":
         return float("inf"), None
@@ -223,7 +223,7 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
-                   fixed=FixedCosts.of(cost), solver=pl.solver)
+                   fixed=FixedCosts.of(cost), solver=pl.solver, rank_capacity=cost.rank_capacity)
     p = dataclasses.replace(p, known_bound_ms=lower_bound(p.topo, options, p.fixed))
     t_warm = time.perf_counter()
     warm = warm_start(p)

@@ -96,8 +96,9 @@ class FlatModel:
         for d in range(topo.world):
             groups = pulp.lpSum(p.fixed.group_ms * g for g in self.groups[d].values())
             prob += dev_time[d] + groups + self.F + p.offset_ms <= self.T, f"time_{d}"
-            prob += pulp.lpSum(c * v for v, c in self.terms["hbm"][d]) <= p.capacity.hbm, f"hbm_{d}"
-            prob += pulp.lpSum(c * v for v, c in self.terms["host"][d]) <= p.capacity.host, f"host_{d}"
+            cap = p.capacity_of(d)
+            prob += pulp.lpSum(c * v for v, c in self.terms["hbm"][d]) <= cap.hbm, f"hbm_{d}"
+            prob += pulp.lpSum(c * v for v, c in self.terms["host"][d]) <= cap.host, f"host_{d}"
         pinned = p.pinned
         free = [d for d in range(topo.world) if d not in pinned]
         for a, b in zip(free, free[1:]):

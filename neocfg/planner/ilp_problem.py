@@ -41,6 +41,19 @@ class IlpProblem:
     # A proven lower bound on the makespan found elsewhere (the aggregated model's, before the exact model runs): the
     # exact model starts from it, so its solver can stop once a plan is within the gap of it.
     known_bound_ms: float = 0.0
+    # Each rank's capacity where devices differ (CostModel.rank_capacity): the exact model's memory rows; `capacity`
+    # (the smallest) is what the heuristics place against.
+    rank_capacity: tuple[Storage, ...] = ()
+
+    def capacity_of(self, rank: int) -> Storage:
+        return self.rank_capacity[rank] if self.rank_capacity else self.capacity
+
+    @property
+    def most_capacity(self) -> Storage:
+        """The largest rank's capacity: what relaxations (the aggregated model's bound) may use."""
+        if not self.rank_capacity:
+            return self.capacity
+        return Storage(max(c.hbm for c in self.rank_capacity), max(c.host for c in self.rank_capacity))
 
     def seconds_left(self) -> float:
         """The solver's time limit: time_limit_s, or what is left until the deadline (at least MIN_SOLVE_S and

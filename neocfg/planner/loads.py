@@ -25,19 +25,27 @@ class DeviceLoads:
 
     topo: Topology
     capacity: Storage
+    # Each rank's own capacity where devices differ (CostModel.rank_capacity); () = `capacity` on every rank.
+    rank_capacity: tuple[Storage, ...] = ()
     time: np.ndarray = field(init=False)
     hbm: np.ndarray = field(init=False)
     host: np.ndarray = field(init=False)
+    cap_hbm: np.ndarray = field(init=False)
+    cap_host: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         w = self.topo.world
         self.time = np.zeros(w)
         self.hbm = np.zeros(w, dtype=np.int64)
         self.host = np.zeros(w, dtype=np.int64)
+        per_rank = self.rank_capacity or (self.capacity,) * w
+        self.cap_hbm = np.array([c.hbm for c in per_rank], dtype=np.int64)
+        self.cap_host = np.array([c.host for c in per_rank], dtype=np.int64)
 
     @staticmethod
-    def of(topo: Topology, capacity: Storage, placements: Iterable[Placement]) -> "DeviceLoads":
-        loads = DeviceLoads(topo, capacity)
+    def of(topo: Topology, capacity: Storage, placements: Iterable[Placement],
+           rank_capacity: tuple[Storage, ...] = ()) -> "DeviceLoads":
+        loads = DeviceLoads(topo, capacity, rank_capacity)
         for p in placements:
             loads.add(p)
         return loads
@@ -47,7 +55,7 @@ class DeviceLoads:
 
     def room(self, hbm: int, host: int) -> np.ndarray:
         """Devices with room for a piece of that much memory."""
-        return (self.hbm + hbm <= self.capacity.hbm) & (self.host + host <= self.capacity.host)
+        return (self.hbm + hbm <= self.cap_hbm) & (self.host + host <= self.cap_host)
 
     def peak(self, ranks: tuple[int, ...]) -> "Peak":
         """The largest time, HBM and host memory among these ranks."""
@@ -62,7 +70,7 @@ class DeviceLoads:
         self.host[idx] += sign * o.storage.host
 
     def over_capacity(self) -> Optional[int]:
-        bad = np.nonzero((self.hbm > self.capacity.hbm) | (self.host > self.capacity.host))[0]
+        bad = np.nonzero((self.hbm > self.cap_hbm) | (self.host > self.cap_host))[0]
         return int(bad[0]) if len(bad) else None
 
     def best_ranks(self, option: ShardingOption, fits: Optional[np.ndarray] = None) -> Optional[tuple[int, ...]]:

@@ -142,7 +142,7 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
                     if stored_dtypes(cfg, sharding) is not None and dtype not in stored_dtypes(cfg, sharding):
                         continue
                     perf, storage = cost.piece(table, sharding, tier, dtype, k)
-                    if not storage.fits(cost.capacity):
+                    if not storage.fits(cost.most_capacity):   # the largest device's, where they differ
                         continue
                     fixed = tuple(table.ranks) if table.ranks is not None else None
                     out.append(ShardingOption(index, sharding, tier, dtype, _pieces(cfg, sharding, k), perf, storage,

@@ -27,12 +27,12 @@ def solve(cfg: NeocfgConfig, cost: CostModel) -> SolveResult:
 
 def verify(cost: CostModel, result: SolveResult) -> None:
     """Never hand out an over-full device (a bug guard; every algorithm already respects capacity)."""
-    loads = DeviceLoads.of(cost.topo, cost.capacity, result.placements)
+    loads = DeviceLoads.of(cost.topo, cost.capacity, result.placements, cost.rank_capacity)
     bad = loads.over_capacity()
     if bad is not None:
         raise InfeasibleError(f"internal check: device {bad} would exceed its memory"
-                              f" (hbm {int(loads.hbm[bad]):,} of {cost.capacity.hbm:,} bytes,"
-                              f" host {int(loads.host[bad]):,} of {cost.capacity.host:,}); please report this plan")
+                              f" (hbm {int(loads.hbm[bad]):,} of {int(loads.cap_hbm[bad]):,} bytes,"
+                              f" host {int(loads.host[bad]):,} of {int(loads.cap_host[bad]):,}); please report this plan")
 
 
 def plan_placement(cfg: NeocfgConfig, cost: CostModel | None = None) -> Plan:
