@@ -186,10 +186,11 @@ def local_vs_ray(cfg: NeocfgConfig, splits, args: argparse.Namespace, demand: fl
 
 
 def autoscale_run(cfg: NeocfgConfig, splits, args: argparse.Namespace, per_worker: float,
-                  backend: str = "local") -> dict:
-    """One worker to start with, a trainer that needs several: stall and workers per 1 s window."""
-    limits = ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits, autoscale=True, max_workers=args.autoscale_max,
-                           min_workers=1)
+                  backend: str = "local", limits: ServiceLimits | None = None) -> dict:
+    """One worker to start with, a trainer that needs several: stall and workers per 1 s window. `limits`: the
+    service's (default: autoscaling from 1 to --autoscale-max workers)."""
+    limits = limits or ServiceLimits(prefetch_splits=cfg.dsi.prefetch_splits, autoscale=True,
+                                     max_workers=args.autoscale_max, min_workers=1)
     demand = args.autoscale_demand * per_worker
     svc = service(cfg, splits, 1, epochs=None, split_cost_s=args.split_cost_s, limits=limits, backend=backend)
     windows = []

@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from neocfg.batch import Batch
+from neocfg.config.dsi import DsiConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import FeatureColumns, dataset_splits, open_dataset, rank_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
@@ -181,11 +182,7 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
         _say(rank, workers.warning)
         _say(rank, workers.note if workers.source is not WorkerCountSource.fixed else "")
     per = workers.per_service
-    limits = ServiceLimits(prefetch_splits=d.prefetch_splits, split_timeout_s=d.split_timeout_s,
-                           stall_timeout_s=d.stall_timeout_s, autoscale=d.autoscale,
-                           max_workers=min(d.max_workers, math.ceil(per * d.autoscale_factor)) if d.autoscale
-                           else d.max_workers,
-                           min_workers=max(1, math.floor(per / d.autoscale_factor)))
+    limits = service_limits(d, per)
     scope = "the job's" if job_wide else ("this rank's" if world_size > 1 else "the dataset's")
     setup = ServiceSetup(splits=tuple(splits), spec=spec, workers=per, seed=d.seed + (0 if job_wide else rank),
                          num_clients=world_size if job_wide else 1, on_bad_split=d.on_bad_split, limits=limits,
@@ -203,6 +200,16 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
     options, warning = connect(d, rank, share or (lambda x: x), sizing, per)
     _say(rank, warning)
     return DppSource(setup, kind, workers, client=rank, ray_options={"ray": options}, log=log)
+
+
+def service_limits(d: DsiConfig, per: int) -> ServiceLimits:
+    """The service's limits for `per` planned workers: with dsi.autoscale, the master scales between per divided and
+    multiplied by dsi.autoscale_factor (at most dsi.max_workers)."""
+    return ServiceLimits(prefetch_splits=d.prefetch_splits, split_timeout_s=d.split_timeout_s,
+                         stall_timeout_s=d.stall_timeout_s, autoscale=d.autoscale,
+                         max_workers=min(d.max_workers, math.ceil(per * d.autoscale_factor)) if d.autoscale
+                         else d.max_workers,
+                         min_workers=max(1, math.floor(per / d.autoscale_factor)))
 
 
 def _warn_small_dataset(cfg: NeocfgConfig, rank: int, world_size: int, rows: int, eval: bool) -> None:

@@ -17,7 +17,8 @@
            at the end; "auto" or "host:port" joins a running cluster (`ray start --head`); rank 0 says which
 
 Every split goes to exactly one client (rank) per epoch. Per batch nothing crosses to the master: a client pulls a
-split when it has no rows left, reporting the splits it delivered whole and the time it waited. A checkpoint is the
+split when it has no rows left, reporting the splits it delivered whole and the time it waited (and asks for the
+next one ahead, without waiting, as it gets one: RayDppService.pull). A checkpoint is the
 one barrier: every rank sends its record of what it consumed (progress.Consumed) after the same step, and each gets
 the job's Position back (stored in every rank's checkpoint; a resumed job's master starts from it).
 """
@@ -59,8 +60,18 @@ AUTH_TOKEN_BYTES = 32
 FETCH_TIMEOUT_S = 60.0
 # The master's loop wakes at least this often (seconds) to check timeouts, scaling and shutdown.
 TICK_S = 0.05
-# Concurrent calls into the master actor (clients blocked in pull, the checkpoint barrier, stats).
-MASTER_CONCURRENCY = 64
+# A client blocked in pull is woken by every change it waits for (a finished split, the end, an error); it also
+# wakes this often (seconds) as a safety net. Shorter costs the master CPU per waiting client (with a 0.05 s wake-up
+# its CPU per split grew from 3.0 ms with 16 clients to 5.7 ms with 64: bench_dpp_clients.py).
+PULL_WAKE_S = 1.0
+# Concurrent calls into the master actor: per client a pull that may wait and one short call (the pull asked
+# ahead, a checkpoint, leave), and a few more (stats, rank 0's stop). Fewer threads than waiting pulls would hold
+# back the pull that reports the last split of a finite run until the others time out.
+MASTER_CALLS_PER_CLIENT, MASTER_SPARE_CALLS = 2, 8
+
+
+def master_concurrency(num_clients: int) -> int:
+    return MASTER_CALLS_PER_CLIENT * num_clients + MASTER_SPARE_CALLS
 # How long a rank's client looks for the master actor that rank 0 creates (seconds).
 FIND_MASTER_S = 120.0
 # How long rank 0 waits at close for the other ranks' clients to leave before it stops the service (seconds).
@@ -268,8 +279,12 @@ class RayMasterImpl:
                         refs[w.ready_ref] = w
                     elif w.meta_ref is not None:
                         refs[w.meta_ref] = w
-                done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=TICK_S) if refs else ([], [])
-                if not refs:
+                done: list = []
+                if refs:  # as soon as one worker is done (it gets its next split), with any others done by then
+                    done, rest = ray.wait(list(refs), num_returns=1, timeout=TICK_S)
+                    if done and rest:
+                        done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+                else:
                     time.sleep(TICK_S)
                 for ref in done:
                     self._finished(refs[ref], ref)
@@ -343,6 +358,8 @@ class RayMasterImpl:
         with self.cond:
             self.master.finish(finished)
             self.master.report_wait(client, waited)
+            if finished:
+                self.cond.notify_all()  # the service may have finished: the other clients' pulls end
             while True:
                 try:
                     got = self.master.take()
@@ -358,7 +375,7 @@ class RayMasterImpl:
                     busy = sum(1 for w in self.workers.values() if w.task is not None)
                     return "timeout", (f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
                                        f"{len(self.workers)} Ray workers, {busy} splits in flight"), None, 0
-                self.cond.wait(min(left, TICK_S))
+                self.cond.wait(min(left, PULL_WAKE_S))
 
     def lost_rows(self, task: Task, reason: str) -> None:
         """A client could not fetch this split's rows (nothing of it was delivered): read it again."""
@@ -396,6 +413,10 @@ class RayMasterImpl:
             s.workers = sum(1 for w in self.workers.values() if not w.retiring)
             return s
 
+    def pid(self) -> int:
+        """The master actor's process (benchmarks read its CPU time and memory)."""
+        return os.getpid()
+
     def workers_ready(self) -> int:
         with self.cond:
             return sum(1 for w in self.workers.values() if w.ready and not w.retiring)
@@ -423,7 +444,8 @@ class RayMasterImpl:
             ray.kill(w.handle, no_restart=True)
 
 
-RayMaster = ray.remote(num_cpus=0, max_concurrency=MASTER_CONCURRENCY, max_restarts=0)(RayMasterImpl)
+# Created with .options(max_concurrency=master_concurrency(num_clients)).
+RayMaster = ray.remote(num_cpus=0, max_restarts=0)(RayMasterImpl)
 
 
 def _reason(exc: BaseException) -> str:
@@ -441,13 +463,16 @@ class RayDppService:
         self._closed = False
         self._waited = 0.0  # seconds waited since the last pull, sent with the next one
         self.rereads = 0    # splits this client handed back because their rows could not be fetched
+        self.pulled = 0     # splits this client received (skipped ones included)
+        self._ahead: Any = None  # the pull sent ahead for the next split
 
     def start(self) -> None:
         o = self.options
         if o.owner:  # on this node: the master lives as long as rank 0 does, whichever other node is lost
             here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
-            self.master = RayMaster.options(name=o.master_name, namespace=o.namespace,
-                                            scheduling_strategy=here).remote(self.setup, o.resources)
+            self.master = RayMaster.options(name=o.master_name, namespace=o.namespace, scheduling_strategy=here,
+                                            max_concurrency=master_concurrency(self.setup.num_clients)
+                                            ).remote(self.setup, o.resources)
             return
         deadline = time.monotonic() + FIND_MASTER_S
         while True:
@@ -460,17 +485,29 @@ class RayDppService:
                                     f"{FIND_MASTER_S:.0f} s (rank 0 creates it)") from None
                 time.sleep(0.2)
 
+    def _ask(self, client: int, timeout_s: float, finished: list[Finished]) -> Any:
+        waited, self._waited = self._waited, 0.0
+        return self.master.pull.remote(client, timeout_s, finished, waited)
+
     def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> Optional[SplitResult]:
+        """The split asked for ahead (with the previous one) when it came back with one, else a pull that waits up
+        to timeout_s; then the next split is asked for ahead, without waiting (timeout 0), so that the call's round
+        trip to the master overlaps the trainer's use of this split. A split taken ahead and never used (the run
+        stops) was not delivered: a checkpoint's position does not hold it, and a resumed job reads it again."""
         deadline = time.monotonic() + timeout_s
+        ahead, self._ahead = self._ahead, None
         while True:
             left = max(deadline - time.monotonic(), 0.0)
-            waited, self._waited = self._waited, 0.0
+            if ahead is not None:
+                call, waits, ahead = ahead, False, None
+            else:
+                call, waits, finished = self._ask(client, left, finished), True, []
             try:
-                kind, meta, ref, below = ray.get(self.master.pull.remote(client, left, finished, waited),
-                                                 timeout=left + 60)
+                kind, meta, ref, below = ray.get(call, timeout=left + 60)
             except (RayActorError, GetTimeoutError) as exc:
                 raise DataError(f"DPP: the job's master actor is gone ({_reason(exc)})") from None
-            finished = []
+            if kind == "timeout" and not waits:
+                continue  # nothing was ready when it was asked for ahead: ask again, waiting
             if kind == "end":
                 return None
             if kind == "timeout":
@@ -479,17 +516,18 @@ class RayDppService:
                 raise DataError(meta)
             if ref is None:
                 result = SplitResult.skipped_split(meta)
-                result.complete_below = below
-                return result
-            try:
-                result = ray.get(ref, timeout=FETCH_TIMEOUT_S)
-            except (RayError, GetTimeoutError) as exc:  # the rows' node or object store is gone: read it again
-                self.rereads += 1
-                self.master.lost_rows.remote(meta.task, f"{meta.task.split.where}: {_reason(exc)}")
-                continue
-            # Object-store arrays are read-only views; the trainer gets its own, writable copies.
-            result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
+            else:
+                try:
+                    result = ray.get(ref, timeout=FETCH_TIMEOUT_S)
+                except (RayError, GetTimeoutError) as exc:  # the rows' node or object store is gone: read it again
+                    self.rereads += 1
+                    self.master.lost_rows.remote(meta.task, f"{meta.task.split.where}: {_reason(exc)}")
+                    continue
+                # Object-store arrays are read-only views; the trainer gets its own, writable copies.
+                result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
             result.complete_below = below
+            self.pulled += 1
+            self._ahead = self._ask(client, 0.0, finished)  # reports what the client finished meanwhile
             return result
 
     def report_wait(self, client: int, seconds: float) -> None:
@@ -517,6 +555,7 @@ class RayDppService:
         if self._closed or self.master is None:
             return
         self._closed = True
+        self._ahead = None
         try:
             if self.options.owner:
                 ray.get(self.master.stop.remote(self.setup.num_clients - 1, LEAVE_WAIT_S))
