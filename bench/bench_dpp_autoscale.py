@@ -41,7 +41,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=40.0)
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp_autoscale.json")
+    ap.add_argument("--record-from", type=Path, help="only write the section from this earlier run's JSON")
     args = ap.parse_args()
+    if args.record_from:
+        record(json.loads(args.record_from.read_text()), args.record_from.with_suffix(".png"))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cfg = compose_cfg(["dsi=prod_like", f"dsi.path={Path(tmp) / 'ds'}", f"dsi.num_samples={args.samples}"])
         if not cfg.dsi.autoscale:
