@@ -1,18 +1,21 @@
 """Neocfg's planner against TorchRec's EmbeddingShardingPlanner, side by side in one run.
 
-1. Planning time: NeocfgShardingPlanner.plan vs EmbeddingShardingPlanner.plan on the same TorchRec module (a
-   DLRM of the model's tables on the meta device) and Topology, interleaved repeats, medians, ratio.
-2. Both estimators on both plans: neocfg's rating (NeocfgShardingPlanner.rate / planner.estimate) and TorchRec's
-   (its shard estimators, EmbeddingPerfEstimator, through its perf model's rule: the busiest rank's summed shard
-   perf, the number its planner minimizes), each plan's shards placed on that plan's ranks.
+1. Planning time on one TorchRec module (a DLRM of the model's tables on the meta device) and GPU Topology (8 per
+   node), repeats interleaved, medians: TorchRec's EmbeddingShardingPlanner; the drop-in NeocfgShardingPlanner with
+   each estimator ("torchrec", "neocfg"); neocfg's own planner on its ZionEX preset at that world (its own options:
+   column slices down to 16 columns, row-wise across the world) and two ablations of it, without column slices and
+   without row-wise (which of the two makes its plan differ from TorchRec's).
+2. Every plan rated by both estimators: TorchRec's (its shard estimators, EmbeddingPerfEstimator, summed on each
+   rank: the busiest rank's total is what its planner minimizes) and neocfg's (its step estimate on the preset).
 3. Measured: neocfg's plan and TorchRec's plan of the Criteo Kaggle tables (rows capped) trained in neocfg's runtime
    on cpu_local with 2 and 4 ranks (mode=train's entry), repeats interleaved plan by plan, medians and ratio.
    Both planners get the same option space: TorchRec's EBC sharder plus row-wise on CPU
    (CpuRowWiseEmbeddingBagCollectionSharder); neocfg's plan is neocfg's own (model=criteo_kaggle, cpu_local).
 
     .venv-torchrec/bin/python bench/bench_torchrec_plans.py [--quick] [--repeats 5] [--steps 300]
-        [--models criteo_kaggle,dcnv2_mlperf,prod_856] [--gpu-worlds 8,16,128] [--torchrec-timeout 300]
+        [--models criteo_kaggle,dcnv2_mlperf,prod_856] [--gpu-worlds 8,16,32,64,128] [--torchrec-timeout 300]
         [--out outputs/bench/bench_torchrec_plans.json]   (and the .png beside it; --plot-only redraws it)
+        [--record]   (writes bench/RESULTS.md's "TorchRec planner" section from parts 1-2)
 
 TorchRec's planner can take over 12 minutes on 856 tables: --torchrec-timeout bounds its search
 (EmbeddingShardingPlanner's timeout_seconds: it stops proposing then and returns the best plan so far; enumerating the
@@ -35,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cap_rows, compose_cfg, emit  # noqa: E402
+from common import cap_rows, compose_cfg, emit, record_results  # noqa: E402
 
 import torch  # noqa: E402
 from torchrec.distributed.planner import EmbeddingShardingPlanner  # noqa: E402
@@ -46,16 +49,26 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig  # noqa: E402
 from torchrec.modules.embedding_modules import EmbeddingBagCollection  # noqa: E402
 
 from neocfg.interop.torchrec import (CpuRowWiseEmbeddingBagCollectionSharder, NeocfgShardingPlanner,  # noqa: E402
-                                     from_sharding_plan)
+                                     from_sharding_plan, to_sharding_plan)
 from neocfg.interop.export import to_torchrec_dict  # noqa: E402
 from neocfg.planner import make_plan  # noqa: E402
 from neocfg.planner.costs import CostModel, dense_cost  # noqa: E402
 from neocfg.planner.estimate import rate_plan  # noqa: E402
+from neocfg.planner.pipeline import plan_placement  # noqa: E402
+from neocfg.types import ShardingType  # noqa: E402
 from neocfg.contract import train as run  # noqa: E402
 
 EBC_PATH = "sparse_arch.embedding_bag_collection"
-# The GPU topology of part 1 and 2: TorchRec's defaults for 8-GPU hosts (ZionEX-like); the world sizes by default.
-GPU_WORLDS, GPU_LOCAL = (16,), 8
+# The GPU topology of part 1 and 2: TorchRec's defaults for 8-GPU hosts (ZionEX-like); the world sizes by default;
+# neocfg's preset of that hardware (its own planner and its estimate of every plan).
+GPU_WORLDS, GPU_LOCAL, GPU_PRESET = (8, 16, 32, 64, 128), 8, "zionex_1node"
+# neocfg's own planner without column slices (TorchRec's default minimum slice is 128 columns, so a 128-wide DCNv2
+# table is never cut by it) / without row-wise across the world (table-row-wise stays within a node).
+NO_NARROW_SLICES = ("planner.max_column_slices=1",)
+NO_ROW_WISE = ("planner.sharding_types=[" + ",".join(s.value for s in ShardingType if s is not ShardingType.row_wise)
+               + "]",)
+PLANNERS = ("torchrec", "dropin_torchrec_estimator", "dropin_neocfg_estimator", "native", "native_no_narrow_slices",
+            "native_no_row_wise")
 
 
 class SparseOnly(torch.nn.Module):
@@ -146,34 +159,83 @@ def neocfg_terms(plan) -> dict[str, float]:
             "busiest_comm_ms": round(busiest.comm_ms, 4), "dense_ms": round(plan.estimate.dense_ms, 4)}
 
 
+def native_cfg(model: str, world: int, batch: int, extra: tuple[str, ...] = ()):
+    """neocfg's own config of the model on `world` ZionEX-like GPUs (GPU_LOCAL per node): its options and cost model."""
+    return compose_cfg([f"model={model}", f"hardware={GPU_PRESET}", f"hardware.nodes={world // GPU_LOCAL}",
+                        f"hardware.devices_per_node={GPU_LOCAL}", f"train.batch_size={batch}", *extra])
+
+
 def compare_planners(model: str, repeats: int, batch: int, world: int, timeout_s: int | None) -> dict[str, Any]:
-    """Parts 1 and 2 on a GPU topology of `world` devices."""
-    cfg = compose_cfg([f"model={model}", "hardware=zionex_2node", f"train.batch_size={batch}"])
+    """Parts 1 and 2 on a GPU topology of `world` devices: every planner of PLANNERS (TorchRec's, the drop-in with
+    each estimator, neocfg's own planner and its two ablations), timed, and each plan rated by both estimators
+    (TorchRec's rating; neocfg's cost model of the same ZionEX-like hardware)."""
+    cfg = native_cfg(model, world, batch)
     module = module_of(cfg)
     topo = Topology(world_size=world, local_world_size=GPU_LOCAL, compute_device="cuda")
     cons = constraints_of(cfg)
-    ours = NeocfgShardingPlanner(topology=topo, batch_size=batch, constraints=cons, model_name=model)
-    times: dict[str, list[float]] = {"neocfg": [], "torchrec": []}
+    paths = {t.name: EBC_PATH for t in cfg.model.tables}
+
+    def dropin(estimator: str):
+        planner = NeocfgShardingPlanner(topology=topo, batch_size=batch, constraints=cons, model_name=model,
+                                        estimator=estimator)
+        return lambda: (planner.plan(module, sharders()), planner.last_plan.solver)
+
+    def native(extra: tuple[str, ...]):
+        def run():
+            plan = plan_placement(native_cfg(model, world, batch, extra))
+            return to_sharding_plan(to_torchrec_dict(plan, "cuda"), paths), plan.solver
+        return run
+
+    def torchrec():
+        planner = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=cons, debug=False,
+                                           timeout_seconds=timeout_s)
+        return planner.plan(module, sharders()), None
+
+    makers = {"torchrec": torchrec, "dropin_torchrec_estimator": dropin("torchrec"),
+              "dropin_neocfg_estimator": dropin("neocfg"), "native": native(()),
+              "native_no_narrow_slices": native(NO_NARROW_SLICES), "native_no_row_wise": native(NO_ROW_WISE)}
+    times: dict[str, list[float]] = {k: [] for k in makers}
     plans: dict[str, Any] = {}
+    solvers: dict[str, Any] = {}
     for _ in range(repeats):  # interleaved
-        t = time.perf_counter()
-        plans["neocfg"] = ours.plan(module, sharders())
-        times["neocfg"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        theirs = EmbeddingShardingPlanner(topology=topo, batch_size=batch, constraints=cons, debug=False,
-                                          timeout_seconds=timeout_s)
-        plans["torchrec"] = theirs.plan(module, sharders())
-        times["torchrec"].append(time.perf_counter() - t)
+        for who, make in makers.items():
+            t = time.perf_counter()
+            plans[who], solver = make()
+            times[who].append(time.perf_counter() - t)
+            if solver is not None:
+                solvers[who] = {"status": solver.status, "gap": round(solver.gap, 4)}
     med = {k: statistics.median(v) for k, v in times.items()}
     result: dict[str, Any] = {"model": model, "tables": len(cfg.model.tables), "world": world,
                               "torchrec_timeout_s": timeout_s,
                               "torchrec_hit_timeout": bool(timeout_s) and max(times["torchrec"]) > timeout_s,
-                              "neocfg_solver": dataclasses.asdict(ours.last_plan.solver),
+                              "neocfg_solvers": solvers,
                               "planning_s": {k: [round(x, 3) for x in v] for k, v in times.items()},
-                              "planning_s_median": {k: round(v, 3) for k, v in med.items()},
-                              "torchrec_over_neocfg_planning_time": round(med["torchrec"] / med["neocfg"], 2)}
-    result.update(rate_both(ours, module, plans, topo, batch, cons))
+                              "planning_s_median": {k: round(v, 3) for k, v in med.items()}}
+    result.update(rate_all(cfg, module, plans, topo, batch, cons))
     return result
+
+
+def rate_all(cfg, module, plans: dict[str, Any], topo: Topology, batch: int,
+             cons: dict[str, ParameterConstraints]) -> dict[str, Any]:
+    """Every plan by both estimators: TorchRec's rating (busiest rank's summed shard perf) and neocfg's step estimate
+    under `cfg` (rated even where neocfg's memory model finds a device over its capacity)."""
+    out: dict[str, Any] = {"neocfg_estimate": {}, "torchrec_estimate": {}, "shardings": {}, "column_slices": {}}
+    for who, sp in plans.items():
+        rated = rate_plan(cfg, from_sharding_plan(sp, module, sharders(), topo.world_size, topo.local_world_size,
+                                                  batch, cfg.model.name), who, check_memory=False)
+        out["neocfg_estimate"][who] = neocfg_terms(rated)
+        out["torchrec_estimate"][who] = torchrec_rating(module, to_torchrec_dict(rated, topo.compute_device), topo,
+                                                        batch, cons)
+        out["shardings"][who] = kinds(rated)
+        out["column_slices"][who] = sorted({len(t.shards) for t in rated.tables if t.sharding.value in
+                                            ("column_wise", "table_column_wise")})
+    base_n = out["neocfg_estimate"]["torchrec"]["step_ms"]
+    base_t = out["torchrec_estimate"]["torchrec"]["rating_ms"]
+    # above 1: the plan is worse than TorchRec's by that estimator
+    out["over_torchrec_by_neocfg"] = {k: round(v["step_ms"] / base_n, 3) for k, v in out["neocfg_estimate"].items()}
+    out["over_torchrec_by_torchrec"] = {k: round(v["rating_ms"] / base_t, 3)
+                                        for k, v in out["torchrec_estimate"].items()}
+    return out
 
 
 def rate_both(ours: NeocfgShardingPlanner, module, plans: dict[str, Any], topo: Topology, batch: int,
@@ -205,15 +267,44 @@ def rate_both(ours: NeocfgShardingPlanner, module, plans: dict[str, Any], topo: 
 
 
 def print_terms(r: dict[str, Any]) -> None:
-    """Each plan's shardings and the busiest device's terms by each estimator (ms)."""
-    for who in ("neocfg", "torchrec"):
+    """Each plan's planning time, shardings and the busiest device's terms by each estimator (ms)."""
+    for who in PLANNERS:
         n, t = r["neocfg_estimate"][who], r["torchrec_estimate"][who]
         tt = t["busiest_rank_terms_ms"]
-        print(f"    {who} plan {r['shardings'][who]}: neocfg step {n['step_ms']:.3f} (busiest compute"
-              f" {n['busiest_compute_ms']:.3f}, comm {n['busiest_comm_ms']:.3f}, dense {n['dense_ms']:.3f}); TorchRec"
-              f" {t['rating_ms']:.3f} (busiest fwd/bwd compute {tt['fwd_compute']:.3f}/{tt['bwd_compute']:.3f},"
-              f" comms {tt['fwd_comms']:.3f}/{tt['bwd_comms']:.3f}"
-              f"{', unmatched ' + str(len(t['unmatched_tables'])) if t['unmatched_tables'] else ''})", flush=True)
+        print(f"  {who:26s} {r['planning_s_median'][who]:7.2f} s  vs TorchRec's plan: x{r['over_torchrec_by_torchrec'][who]}"
+              f" by TorchRec's estimator ({t['rating_ms']:.3f} ms: busiest fwd/bwd compute {tt['fwd_compute']:.3f}/"
+              f"{tt['bwd_compute']:.3f}, comms {tt['fwd_comms']:.3f}/{tt['bwd_comms']:.3f}), x"
+              f"{r['over_torchrec_by_neocfg'][who]} by neocfg's (step {n['step_ms']:.3f} ms); {r['shardings'][who]}"
+              f"{', slices ' + str(r['column_slices'][who]) if r['column_slices'][who] else ''}"
+              f"{', unmatched ' + str(len(t['unmatched_tables'])) if t['unmatched_tables'] else ''}", flush=True)
+
+
+def results_section(planning: list[dict[str, Any]]) -> str:
+    """bench/RESULTS.md's '## TorchRec planner' body: planning time and plan quality by both estimators."""
+    names = {"torchrec": "TorchRec", "dropin_torchrec_estimator": "drop-in, TorchRec's estimator",
+             "dropin_neocfg_estimator": "drop-in, neocfg's estimator", "native": "neocfg's own planner",
+             "native_no_narrow_slices": "... without column slices", "native_no_row_wise": "... without row-wise"}
+    lines = ["Each plan against TorchRec's `EmbeddingShardingPlanner`'s plan of the same tables, Topology (8 GPUs per "
+             "node, batch 512 per GPU, TorchRec's EBC sharder + row-wise), rated by TorchRec's estimator (the busiest "
+             "rank's summed shard perf, what its planner minimizes) and by neocfg's (its step estimate on the "
+             f"`{GPU_PRESET}` preset at that world). Above x1 the plan is worse than TorchRec's by that estimator. "
+             "\"drop-in\" is `NeocfgShardingPlanner` (TorchRec's options); \"neocfg's own planner\" is `neocfg "
+             "mode=plan` on the preset (its own options: column slices down to 16 columns, row-wise across the "
+             "world), and its two ablations remove one of those. Planning time: median of the repeats, in seconds.",
+             ""]
+    for r in planning:
+        lines += [f"**{r['model']} ({r['tables']} tables), {r['world']} GPUs**"
+                  f"{' (TorchRec ran into its timeout)' if r['torchrec_hit_timeout'] else ''}", "",
+                  "| planner | planning s | by TorchRec's estimator | by neocfg's | shardings |", "|---|---|---|---|---|"]
+        for who in PLANNERS:
+            t, n = r["torchrec_estimate"][who], r["neocfg_estimate"][who]
+            kinds_ = ", ".join(f"{k} {v}" for k, v in sorted(r["shardings"][who].items()))
+            slices = f" (column slices {r['column_slices'][who]})" if r["column_slices"][who] else ""
+            lines.append(f"| {names[who]} | {r['planning_s_median'][who]:.2f} | x{r['over_torchrec_by_torchrec'][who]}"
+                         f" ({t['rating_ms']:.3f} ms) | x{r['over_torchrec_by_neocfg'][who]} ({n['step_ms']:.3f} ms) |"
+                         f" {kinds_}{slices} |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def measure(world: int, rows_cap: int, batch: int, steps: int, repeats: int, tmp: Path) -> dict[str, Any]:
@@ -238,8 +329,6 @@ def measure(world: int, rows_cap: int, batch: int, steps: int, repeats: int, tmp
     for who, plan in (("neocfg", neocfg_plan), ("torchrec", torchrec_plan)):
         files[who] = tmp / f"plan_{who}_{world}.json"
         plan.save(files[who])
-    from neocfg.interop.torchrec import to_sharding_plan
-
     sps = {"neocfg": to_sharding_plan(to_torchrec_dict(neocfg_plan, "cpu"),
                                       {t.name: EBC_PATH for t in cfg.model.tables}), "torchrec": torchrec_sp}
     ours = NeocfgShardingPlanner(topology=topo, batch_size=batch, constraints=cons, hardware="cpu_local")
@@ -275,14 +364,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, (ax_p, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
     colors = {"neocfg": "#4c72b0", "torchrec": "#dd8452"}
-    for i, r in enumerate(result["planning"]):
-        for j, who in enumerate(("neocfg", "torchrec")):
-            ax_p.bar(i + 0.4 * j - 0.2, r["planning_s_median"][who], 0.4, color=colors[who],
-                     label=who if i == 0 else None)
-    ax_p.set_xticks(range(len(result["planning"])),
-                    [f"{r['model']}\n{r['world']} GPUs" for r in result["planning"]])
-    ax_p.set_ylabel("planning time, s (median)")
-    ax_p.legend()
+    for who in PLANNERS:   # plan quality by TorchRec's estimator against the world size
+        rs = result["planning"]
+        ax_p.plot([r["world"] for r in rs], [r["over_torchrec_by_torchrec"][who] for r in rs], "o-", label=who)
+    ax_p.set_xscale("log", base=2)
+    ax_p.set_xlabel("GPUs")
+    ax_p.set_ylabel("plan / TorchRec's plan, by TorchRec's estimator")
+    ax_p.legend(fontsize=7)
     for i, r in enumerate(result["measured"]):
         for j, who in enumerate(("neocfg", "torchrec")):
             x = i + 0.4 * j - 0.2
@@ -316,6 +404,9 @@ def main() -> None:
     ap.add_argument("--skip-measure", action="store_true")
     ap.add_argument("--out", default="outputs/bench/bench_torchrec_plans.json")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out's JSON")
+    ap.add_argument("--record", action="store_true", help="write bench/RESULTS.md's '## TorchRec planner'")
+    ap.add_argument("--append", action="store_true",
+                    help="keep --out's planning results and add these worlds (one short run per world)")
     a = ap.parse_args()
     png = Path(a.out).with_suffix(".png")
     if a.plot_only:
@@ -329,17 +420,20 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"bench": "bench_torchrec_plans", "planning": [], "measured": []}
+    if a.append and Path(a.out).exists():
+        import json
+
+        result["planning"] = json.loads(Path(a.out).read_text())["planning"]
     if not a.skip_planning:
         for model, world in ((m, int(w)) for m in a.models.split(",") for w in a.gpu_worlds.split(",")):
+            result["planning"] = [r for r in result["planning"] if (r["model"], r["world"]) != (model, world)]
             r = compare_planners(model, a.plan_repeats, 512, world, a.torchrec_timeout)
             result["planning"].append(r)
-            bounded = " (ran into --torchrec-timeout)" if r["torchrec_hit_timeout"] else ""
-            print(f"{model} on {world} GPUs: planning neocfg {r['planning_s_median']['neocfg']:.2f} s, TorchRec "
-                  f"{r['planning_s_median']['torchrec']:.2f} s{bounded} -> TorchRec/neocfg"
-                  f" x{r['torchrec_over_neocfg_planning_time']}"
-                  f"; TorchRec plan / neocfg plan: by neocfg's estimate x{r['neocfg_says_torchrec_over_neocfg']}, by "
-                  f"TorchRec's x{r['torchrec_says_torchrec_over_neocfg']}", flush=True)
+            result["planning"].sort(key=lambda x: (x["model"], x["world"]))
+            bounded = " (TorchRec ran into --torchrec-timeout)" if r["torchrec_hit_timeout"] else ""
+            print(f"{model} on {world} GPUs{bounded}:", flush=True)
             print_terms(r)
+            emit(result, a.out)   # each world as it comes
     if not a.skip_measure:
         with tempfile.TemporaryDirectory() as tmp:
             for world in (int(x) for x in a.worlds.split(",")):
@@ -355,6 +449,8 @@ def main() -> None:
     emit(result, a.out)
     plot(result, png)
     print(f"plot {png}", file=sys.stderr)
+    if a.record and result["planning"]:
+        record_results("TorchRec planner", results_section(result["planning"]))
 
 
 if __name__ == "__main__":
