@@ -64,6 +64,7 @@ CHEAP = {
     "neocfg mode=gen_data dsi=parquet_local": ["dsi.num_samples=20000", "dsi.eval_samples=2048"],
     "neocfg mode=train dsi=parquet_local train.steps=120": ["train.steps=20", "train.eval_batches=2"],
     "neocfg mode=plan train.batch_size=1000000000": [],
+    "neocfg mode=plan": [],
     "neocfg mode=train planner.plan_file=bad_plan.json": [],
 }
 # Commands that need a service this test does not start (their own tests run them).

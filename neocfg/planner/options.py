@@ -115,7 +115,6 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
     """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed."""
     table = cfg.model.tables[index]
     ch = table_choices(cfg, table)
-    out: list[ShardingOption] = []
     shapes = [(s, k) for s in ch.shardings if _geometry_ok(cfg, table, s)
               for k in (slice_counts(cfg, table, s) if SCHEMES[s].sliced else [1])]
     if not shapes or not ch.tiers or not ch.dtypes:
@@ -129,27 +128,35 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
                           f" {[d.value for d in allowed]}, but its weight dtypes are {[d.value for d in ch.dtypes]}:"
                           f" add {allowed[0].value} to planner.weights_dtypes (or the table's weights_dtypes) or"
                           f" allow another sharding type")
+    # the largest device's capacity, where they differ
+    out = [o for o in candidates(cfg, cost, index, table, ch) if o.storage.fits(cost.most_capacity)]
+    if not out:
+        raise InfeasibleError(explain_table(cfg, cost, index))
+    return prune(out, FixedCosts.of(cost).group_ms)
+
+
+def candidates(cfg: NeocfgConfig, cost: CostModel, index: int, table: TableConfig,
+               ch: Choices) -> list[ShardingOption]:
+    """Every option of `table` (model index `index`) that `ch` and the table's ranks / slices allow, priced, whether
+    or not it fits a device (neocfg.planner.explain compares a plan's choice with them)."""
+    out: list[ShardingOption] = []
+    fixed = tuple(table.ranks) if table.ranks is not None else None
     for sharding in ch.shardings:
         if not _geometry_ok(cfg, table, sharding):
             continue
         scheme = SCHEMES[sharding]
-        ks = slice_counts(cfg, table, sharding) if scheme.sliced else [1]
-        for k in ks:
+        stored = stored_dtypes(cfg, sharding)
+        for k in slice_counts(cfg, table, sharding) if scheme.sliced else [1]:
             for tier in ch.tiers:
                 if scheme.memory_tiers is not None and tier not in scheme.memory_tiers:
                     continue
                 for dtype in ch.dtypes:
-                    if stored_dtypes(cfg, sharding) is not None and dtype not in stored_dtypes(cfg, sharding):
+                    if stored is not None and dtype not in stored:
                         continue
                     perf, storage = cost.piece(table, sharding, tier, dtype, k)
-                    if not storage.fits(cost.most_capacity):   # the largest device's, where they differ
-                        continue
-                    fixed = tuple(table.ranks) if table.ranks is not None else None
                     out.append(ShardingOption(index, sharding, tier, dtype, _pieces(cfg, sharding, k), perf, storage,
                                               fixed))
-    if not out:
-        raise InfeasibleError(explain_table(cfg, cost, index))
-    return prune(out, FixedCosts.of(cost).group_ms)
+    return out
 
 
 def _no_shape(cfg: NeocfgConfig, table: TableConfig, ch: Choices) -> str:
