@@ -261,9 +261,11 @@ def critical_terms(plan: Plan, placements: Sequence[Placement]) -> CriticalTerms
     e = plan.estimate
     emb_compute, emb_comm = d.compute_ms - e.dense_compute_ms, d.comm_ms - e.dense_comm_ms
     pieces = sum(p.option.perf.total for p in placements if d.rank in p.ranks)
+    data = d.total_ms - d.compute_ms - d.comm_ms   # the device's share of the batch's generation (estimate.data_ms)
+    data = 0.0 if abs(data) < 1e-9 else data       # not -0.000 where there is none
     return CriticalTerms(rank=d.rank, embedding_compute_ms=emb_compute, embedding_comm_ms=emb_comm,
-                         dense_ms=e.dense_ms, data_ms=e.data_ms, total_ms=d.total_ms,
-                         compute_ms=d.compute_ms + e.data_ms, network_ms=d.comm_ms,
+                         dense_ms=e.dense_ms, data_ms=data, total_ms=d.total_ms,
+                         compute_ms=d.compute_ms + data, network_ms=d.comm_ms,
                          fixed_ms=emb_compute + emb_comm - pieces)
 
 
