@@ -9,7 +9,9 @@ ranks), tbe (neocfg.runtime.embedding.make_tbe over dlrm_tiny's tables and synth
 1024^3 matmul peak), runtime_dense (neocfg's DenseArch under DDP with the fused optimizer), router (the IdRouter
 alone), replica_update (a data-parallel replica's gradient and update), synthetic (batch generation alone), train (a
 short mode=train run with its collectives, router and batch production timed per call), dp_all_reduce (the
-data-parallel tables' all-reduce inside a mode=train step, two replica sizes). Most quantities are a fit
+data-parallel tables' all-reduce inside a mode=train step, two replica sizes), step_terms (bench/calibrate_step.py:
+whole mode=train runs of calibration models, each term's laps fitted to what the cost model prices; the source of
+the embedding compute, dense and data constants). Most quantities are a fit
 t = a + b x over two or more sizes (a: fixed cost, b: per byte, FLOP, id or sample). Run it on an otherwise idle
 machine; other jobs inflate everything, and even then repeated runs spread by 20-50 % on a shared VM: repeat it and
 take medians.
@@ -582,6 +584,9 @@ PARTS = {"tbe": tbe, "dense": dense, "router": router, "replica_update": replica
 def only(part: str, repeats: int, ranks: int) -> None:
     if part in PARTS:
         res = concurrent(part, repeats, ranks)
+    elif part == "step_terms":
+        from calibrate_step import fit, measure, run_names
+        res = fit(measure(run_names()))
     else:
         res = {"collectives": collectives, "step_collectives": step_collectives, "runtime_dense": runtime_dense,
                "train": train, "dp_all_reduce": dp_all_reduce}[part](repeats)
@@ -632,7 +637,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--out")
     ap.add_argument("--only", choices=["collectives", "step_collectives", "runtime_dense", "train", "dp_all_reduce",
-                                       *PARTS])
+                                       "step_terms", *PARTS])
     ap.add_argument("--ranks", type=int, default=2, help="processes measuring the single-rank parts at once (mode=train's)")
     a = ap.parse_args()
     if a.only:
@@ -641,7 +646,11 @@ def main() -> None:
            "load_avg_1m": os.getloadavg()[0], "ranks": a.ranks, "collectives": collectives(a.repeats),
            "step_collectives": step_collectives(a.repeats), "runtime_dense": runtime_dense(a.repeats),
            "train": train(a.repeats), "dp_all_reduce": dp_all_reduce(a.repeats), **{part: concurrent(part, a.repeats, a.ranks) for part in PARTS}}
-    res["preset"] = preset(res)
+    from calibrate_step import fit as fit_steps, measure as measure_steps, run_names
+    res["step_terms"] = fit_steps(measure_steps(run_names()))
+    # the embedding compute, dense and data constants from whole training steps (they supersede the parts alone)
+    res["preset"] = preset(res) | {k: v for k, v in res["step_terms"]["preset"].items() if k != "dense_tflops"} | {
+        "device.dense_mfu": round(res["step_terms"]["preset"]["dense_tflops"] / res["dense"]["matmul_peak_tflops"], 2)}
     text = json.dumps(res, indent=1)
     print(text)
     if a.out:

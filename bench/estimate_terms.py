@@ -6,8 +6,9 @@ the run's metrics.json (neocfg.run_metrics.RunMetrics.predicted_vs_measured_ms):
 
   small    8 tables of dim 16, 1k-200k rows, pooling 1-4, uniform ids (zipf_alpha 0)
   criteo   criteo_kaggle, tables capped at 1M rows
-  prod856  prod_856's 856 tables and pooling factors (~12,600 ids per sample), dim 16, capped at 20k rows (as
-           bench/bench_856.py), a few steps
+  unseen_dim32, unseen_dim8   shapes the calibration did not see (dims 32 and 8, skewed ids, 40 and 400 tables)
+  prod856  prod_856's 856 tables, pooling factors x 2.6 (~12,600 ids per sample), dim 16, capped at 20k rows (as
+           bench/bench_856.py --pooling-scale 2.6), a few steps
 
 A term passes when it is below `--floor` (5 %) of the measured step or its prediction is within `--tolerance`
 (25 %) of the measurement. Prints one table per run and, with --record, writes bench/RESULTS.md's
@@ -15,11 +16,14 @@ A term passes when it is below `--floor` (5 %) of the measured step or its predi
 
     .venv/bin/python bench/estimate_terms.py [--kinds small,criteo,prod856] [--shardings table_wise,row_wise]
         [--runs 2] [--record] [--set hardware.collective_latency_us=1000 ...] [--out terms.json]
+    .venv/bin/python bench/estimate_terms.py --merge small.json criteo.json ... --record   (runs made one kind at a
+        time with --out, as the CPU lock allows, recorded as one section)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -40,6 +44,7 @@ SMALL_TABLES = [(1_000, 1), (5_000, 2), (20_000, 1), (50_000, 3), (100_000, 1), 
                 (10_000, 1)]
 CRITEO_ROWS_CAP = 1_000_000
 PROD_ROWS_CAP = 20_000
+PROD_POOLING_SCALE = 2.6   # prod_856's ~4,900 ids per sample -> ~12,600
 DIM = 16
 
 
@@ -58,15 +63,26 @@ def _small() -> dict:
                         "zipf_alpha": 0.0} for i, (rows, pool) in enumerate(SMALL_TABLES)]}
 
 
-def _from_preset(preset: str, name: str, cap: int, dim: int | None = None, **changes) -> dict:
+def _from_preset(preset: str, name: str, cap: int, dim: int | None = None, pooling_scale: float = 1.0,
+                 **changes) -> dict:
     model = yaml.safe_load((REPO / "conf" / "model" / f"{preset}.yaml").read_text())
     model["name"] = name
     for t in model["tables"]:
         t["num_embeddings"] = min(t["num_embeddings"], cap)
+        t["pooling_factor"] = t["pooling_factor"] * pooling_scale
         if dim is not None:
             t["embedding_dim"] = dim
     model.update(changes)
     return model
+
+
+def _unseen(name: str, tables: int, dim: int, rows: list[int], pooling: list[float], alpha: float, bottom: list[int],
+            top: list[int], **changes) -> dict:
+    """A model of a shape the calibration (bench/calibrate_step.py) did not see: rows and pooling cycle over the lists."""
+    return {"name": name, "num_dense_features": 13, "bottom_mlp": bottom, "top_mlp": top,
+            "tables": [{"name": f"u{i}", "num_embeddings": rows[i % len(rows)], "embedding_dim": dim,
+                        "pooling_factor": pooling[i % len(pooling)], "zipf_alpha": alpha} for i in range(tables)],
+            **changes}
 
 
 def kinds() -> dict[str, Kind]:
@@ -74,10 +90,19 @@ def kinds() -> dict[str, Kind]:
         "small": Kind("small", _small(), steps=300),
         "criteo": Kind("criteo", _from_preset("criteo_kaggle", "terms_criteo", CRITEO_ROWS_CAP), steps=200),
         # as bench/bench_856.py: one low-rank DCN layer of rank 16, small MLPs, trainable
-        "prod856": Kind("prod856", _from_preset("prod_856", "terms_prod856", PROD_ROWS_CAP, DIM, interaction="dcn",
+        "prod856": Kind("prod856", _from_preset("prod_856", "terms_prod856", PROD_ROWS_CAP, DIM, PROD_POOLING_SCALE, interaction="dcn",
                                                 dcn_low_rank_dim=16, dcn_num_layers=1, bottom_mlp=[64, DIM],
                                                 top_mlp=[64, 1], planning_only=False), steps=12,
                         extra=("planner.time_limit_s=20",)),
+        # not seen by the calibration: dim 32, Zipf-skewed ids, two DCN layers of rank 32
+        "unseen_dim32": Kind("unseen_dim32", _unseen("terms_unseen_dim32", 40, 32, [5_000, 50_000, 500_000],
+                                                     [2, 5, 20, 1], 1.05, [128, 32], [256, 64, 1], interaction="dcn",
+                                                     dcn_low_rank_dim=32, dcn_num_layers=2), steps=60),
+        # not seen: 400 tables of dim 8, pooling 1-8, one DCN layer of rank 8
+        "unseen_dim8": Kind("unseen_dim8", _unseen("terms_unseen_dim8", 400, 8, [1_000, 10_000, 50_000],
+                                                   [1, 3, 8, 2], 0.0, [32, 8], [64, 1], interaction="dcn",
+                                                   dcn_low_rank_dim=8, dcn_num_layers=1), steps=20,
+                            extra=("planner.time_limit_s=20",)),
     }
 
 
@@ -154,7 +179,16 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], help="extra config overrides")
     ap.add_argument("--record", action="store_true", help="write bench/RESULTS.md's section")
     ap.add_argument("--out")
+    ap.add_argument("--merge", nargs="*", default=[], help="record the results of these --out files (runs made one "
+                    "kind at a time) instead of training")
     a = ap.parse_args()
+    if a.merge:
+        results = [r for p in a.merge for r in json.loads(Path(p).read_text())["results"]]
+        results.sort(key=lambda r: (r["run"], list(kinds()).index(r["kind"])))
+        print(markdown(results))
+        if a.record:
+            record_results(SECTION, markdown(results))
+        return
     chosen = [kinds()[k] for k in a.kinds.split(",")]
     results = []
     with tempfile.TemporaryDirectory() as tmp:

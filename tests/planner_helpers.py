@@ -12,13 +12,14 @@ from neocfg.types import DeviceKind, MemoryTier, ShardingType, WeightsDtype
 
 from conftest import compose_cfg
 
-# A cluster with round numbers: 2 nodes x 4 devices, every efficiency 1, no per-shard, per-kernel or per-collective
-# overhead (tests/test_planner_costs.py checks those terms on their own).
+# A cluster with round numbers: 2 nodes x 4 devices, every efficiency 1, no per-shard, per-kernel, per-collective
+# or activation-pass overhead (tests/test_planner_costs.py checks those terms on their own).
 ROUND_HW = ["hardware=zionex_2node", "hardware.devices_per_node=4", "hardware.intra_node_bandwidth_gbs=100",
             "hardware.inter_node_bandwidth_gbs=10", "hardware.device.hbm_bandwidth_gbs=1000",
             "hardware.host.pcie_bandwidth_gbs=10", "train.batch_size=100", "planner.costs.hbm_efficiency=1",
             "planner.costs.pcie_efficiency=1", "planner.costs.comm_efficiency=1", "planner.costs.shard_overhead_us=0",
-            "hardware.collective_latency_us=0", "hardware.device.kernel_overhead_us=0"]
+            "hardware.collective_latency_us=0", "hardware.device.kernel_overhead_us=0",
+            "planner.costs.dense_activation_passes=0"]
 
 
 def tables_override(rows: Sequence[tuple[str, int, int, float]]) -> str:

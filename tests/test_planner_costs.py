@@ -313,3 +313,88 @@ def test_exchange_copy_per_byte(table):
     perf, _ = cost.piece(table, ShardingType.data_parallel, MemoryTier.hbm, WeightsDtype.fp32, 1)
     assert perf.fwd_comm == 0                                      # replicas look up their own samples
     assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)         # the gradient all-reduced in place, no copies
+
+
+def test_tbe_cost_per_bag(table):
+    """tbe_ns_per_bag: forward + backward per bag (output sample) a piece pools, split as the bytes are (1 : 2)."""
+    base = CostModel.from_config(round_cfg(TABLE))
+    cost = CostModel.from_config(round_cfg(TABLE, "hardware.device.tbe_ns_per_bag=300"))
+    for sharding, bags in ((ShardingType.table_wise, 800), (ShardingType.row_wise, 800),
+                           (ShardingType.data_parallel, 100)):
+        with_bags, _ = cost.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        without, _ = base.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        assert with_bags.fwd_compute == approx(without.fwd_compute + bags * 300e-6 / 3), sharding
+        assert with_bags.bwd_compute == approx(without.bwd_compute + bags * 300e-6 * 2 / 3), sharding
+        assert with_bags.comm == approx(without.comm)
+
+
+def test_row_ids_routed_dearer(table):
+    """routing_ns_per_row_id adds to each id of a row-sharded piece only (bucketized by row range)."""
+    cost = CostModel.from_config(round_cfg(TABLE, "hardware.device.routing_ns_per_id=50",
+                                           "hardware.device.routing_ns_per_row_id=30"))
+    rw = cost.shape(table, ShardingType.row_wise, 1)
+    tw = cost.shape(table, ShardingType.table_wise, 1)
+    assert cost.routed_ms(ShardingType.row_wise, rw) == approx(100 * 2 * 80e-6)     # B x L ids, 50 + 30 ns
+    assert cost.routed_ms(ShardingType.table_wise, tw) == approx(800 * 2 * 50e-6)   # G x L ids, 50 ns
+    assert cost.routed_ms(ShardingType.data_parallel, cost.shape(table, ShardingType.data_parallel, 1)) == 0.0
+
+
+def test_data_generation_per_bag():
+    from neocfg.planner.costs import data_ms
+    cpu = round_cfg([("a", 1000, 16, 2), ("b", 1000, 16, 3)], "hardware.device.kind=cpu", "hardware.backend=gloo",
+                    "hardware.host.synthetic_us_per_sample=2", "hardware.host.synthetic_ns_per_id=100",
+                    "hardware.host.synthetic_ns_per_bag=40", "hardware.host.synthetic_us_per_batch=300")
+    # 300 us + B=100 x (2 us + 5 ids x 0.1 us + 2 bags x 0.04 us)
+    assert data_ms(cpu) == approx((300 + 100 * (2 + 0.5 + 0.08)) / 1e3)
+
+
+def test_dense_activation_passes():
+    from neocfg.planner.costs import dense_activations
+    cfg = round_cfg(TABLE)                      # 4 dense, bottom [8], DCN 3 layers over x = 16 + 8, top [4, 1]
+    x = 24
+    assert dense_activations(cfg.model) == 4 + 8 + x + 4 * x + 4 + 1
+    base = dense_cost(cfg)
+    d = dense_cost(round_cfg(TABLE, "planner.costs.dense_activation_passes=10",
+                             "+hardware.device.stream_bandwidth_gbs=2"))
+    passes = 10 * (4 + 8 + 5 * x + 5) * 4 * 100 / 2e9 * 1e3      # B=100 samples of fp32 at 2 GB/s
+    assert d.perf.fwd_compute == approx(base.perf.fwd_compute + passes / 3)
+    assert d.perf.bwd_compute == approx(base.perf.bwd_compute + passes * 2 / 3)
+    dot = round_cfg([("a", 1000, 16, 2), ("b", 1000, 16, 2)], "model.interaction=dot", "model.bottom_mlp=[16]")
+    f = 3                                        # two tables + the bottom MLP's output
+    assert dense_activations(dot.model) == 4 + 16 + (2 * 16 + 16) + (f * f + 16 + f * (f - 1) // 2) + 4 + 1
+
+
+def test_folded_dense_gradients_pay_no_all_reduce():
+    """dense_grad_sync=exchange: the dense gradients ride in the embeddings' backward all-to-all, so the dense part
+    has no collective of its own, and a plan that folds them is priced so."""
+    from neocfg.planner.pipeline import plan_placement
+    from neocfg.types import DenseGradSync
+    overhead = (*OVERHEAD, "planner.sharding_types=[table_wise]")
+    ddp = dense_cost(round_cfg(TABLE, *overhead))
+    folded = dense_cost(round_cfg(TABLE, *overhead), DenseGradSync.exchange)
+    assert ddp.perf.comm > 0 and folded.perf.comm == 0.0
+    assert folded.perf.compute == approx(ddp.perf.compute)
+    for sync, dense in (("exchange", folded), ("ddp", ddp)):
+        plan = plan_placement(round_cfg(TABLE, *overhead, f"train.dense_grad_sync={sync}"))
+        assert plan.strategies.dense_grad_sync.value == sync
+        assert plan.estimate.dense_ms == approx(dense.perf.total)
+        # the solver's objective stays in its own terms (every plan priced DDP-synced)
+        assert plan.solver.objective_ms == approx(plan.estimate.step_ms + ddp.perf.total - dense.perf.total)
+
+
+def test_prefetched_ids_routing_is_data():
+    """Where the ids are exchanged in the prefetch thread (a CPU rank, row-sharded tables), the routing's host time
+    is priced in the data term, not the step's comm: the device totals stay the same."""
+    from neocfg.planner.pipeline import plan_placement
+    cpu = (*OVERHEAD, "planner.sharding_types=[row_wise]", "hardware.device.kind=cpu", "hardware.backend=gloo",
+           "hardware.device.routing_us_per_step=30", "hardware.device.routing_ns_per_id=50",
+           "hardware.device.routing_ns_per_row_id=20", "hardware.host.synthetic_us_per_sample=2")
+    step = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step"))
+    ahead = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=prefetch"))
+    assert step.strategies.ids_exchange.value == "step" and ahead.strategies.ids_exchange.value == "prefetch"
+    routing = 0.03 + 100 * 2 * 70e-6                       # per step + B x L ids received x (50 + 20 ns)
+    assert step.estimate.data_ms == approx(100 * 2 / 1e3)  # B=100 x 2 us
+    assert ahead.estimate.data_ms == approx(100 * 2 / 1e3 + routing)
+    for s, a in zip(step.devices, ahead.devices):
+        assert a.comm_ms == approx(s.comm_ms - routing)
+        assert a.total_ms == approx(s.total_ms)

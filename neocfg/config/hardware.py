@@ -38,10 +38,19 @@ class DeviceConfig:
     # ... and per id the device receives (sort by destination, permutes, bincount), nanoseconds; 0 on the GPU presets
     # (passes at HBM speed, small next to the id all-to-all); cpu_local: measured (calibrate_cpu.py --only router).
     routing_ns_per_id: float = 0.0
+    # ... and more per id of a row-sharded piece (bucketized by row range and rebased: passes a whole-table id does
+    # not take), nanoseconds; 0 on the GPU presets. cpu_local: measured in a training step (calibrate_cpu.py --only
+    # step_terms: the prefetch thread's CPU time of row-wise runs beyond the batch's generation).
+    routing_ns_per_row_id: float = 0.0
     # Host time of one fused lookup group's (TBE's) call per step beyond its bytes: forward, and backward with the fused
     # optimizer, microseconds; unset: planner.costs.tbe_kernels_per_group x kernel_overhead_us (the GPU presets: their
     # kernels' launches). cpu_local: measured (calibrate_cpu.py --only tbe, the fit's intercept).
     tbe_us_per_group: Optional[float] = None
+    # ... and per bag (one sample's ids of one table) a TBE walks, forward + backward, nanoseconds: fbgemm's CPU
+    # kernels visit every bag of every table, so a piece of many bags costs more than its rows' bytes; 0 on the GPU
+    # presets (a thread per bag, hidden in the bytes term). cpu_local: measured in a training step
+    # (calibrate_cpu.py --only step_terms).
+    tbe_ns_per_bag: float = 0.0
     # Streaming bandwidth of the device's memory for dense passes (a data-parallel replica's gradient and update,
     # neocfg/runtime/replicated.py), GB/s; unset: hbm_bandwidth_gbs. cpu_local: measured (--only replica_update).
     stream_bandwidth_gbs: Optional[float] = None
@@ -64,8 +73,10 @@ class DeviceConfig:
         if self.routing_us_per_step is not None:
             checks.non_negative(f"{key}.routing_us_per_step", self.routing_us_per_step)
         checks.non_negative(f"{key}.routing_ns_per_id", self.routing_ns_per_id)
+        checks.non_negative(f"{key}.routing_ns_per_row_id", self.routing_ns_per_row_id)
         if self.tbe_us_per_group is not None:
             checks.non_negative(f"{key}.tbe_us_per_group", self.tbe_us_per_group)
+        checks.non_negative(f"{key}.tbe_ns_per_bag", self.tbe_ns_per_bag)
         if self.stream_bandwidth_gbs is not None:
             checks.positive(f"{key}.stream_bandwidth_gbs", self.stream_bandwidth_gbs)
         if self.exchange_copy_gbs is not None:
@@ -89,12 +100,13 @@ class HostConfig:
     # Host-to-device bandwidth used by UVM caching and host-resident tables (PCIe).
     pcie_bandwidth_gbs: float = 25.0
     # Host time to generate a rank's synthetic batch (neocfg/data/synthetic.py; dsi.source=synthetic): microseconds
-    # per sample, nanoseconds per id of the sample, microseconds per batch. Charged to the step only on CPU devices,
+    # per sample, nanoseconds per id and per bag (a sample's ids of one table) of the sample, microseconds per batch. Charged to the step only on CPU devices,
     # whose ranks are the host's cores (the trainer's prefetch thread competes with its rank); a GPU's host prepares
     # the next batch on cores of its own. Unset: not charged. cpu_local: measured in a training step
     # (bench/calibrate_cpu.py --only train).
     synthetic_us_per_sample: Optional[float] = None
     synthetic_ns_per_id: float = 0.0
+    synthetic_ns_per_bag: float = 0.0
     synthetic_us_per_batch: float = 0.0
 
     def check(self, key: str) -> None:
@@ -105,6 +117,7 @@ class HostConfig:
         if self.synthetic_us_per_sample is not None:
             checks.non_negative(f"{key}.synthetic_us_per_sample", self.synthetic_us_per_sample)
         checks.non_negative(f"{key}.synthetic_ns_per_id", self.synthetic_ns_per_id)
+        checks.non_negative(f"{key}.synthetic_ns_per_bag", self.synthetic_ns_per_bag)
         checks.non_negative(f"{key}.synthetic_us_per_batch", self.synthetic_us_per_batch)
 
 

@@ -45,6 +45,12 @@ class CostConstants:
     # Kernels per step of the dense part outside its linear layers: interaction (bmm, triangle index, cat) forward
     # and backward, BCE loss and its gradient, zero_grad, DDP's bucket copies, the optimizer's foreach update.
     dense_step_kernels: float = 30.0
+    # Passes over the dense part's activations per training step (every layer's input and output and the
+    # interaction's, fp32, per sample), at the device's streaming bandwidth (hardware.device.stream_bandwidth_gbs):
+    # the elementwise work a FLOP count misses (activations, their gradients, concatenations, DCN's cross product),
+    # which dominates a wide interaction. Fitted on cpu_local's training steps (bench/calibrate_cpu.py --only
+    # step_terms: 10.4 over 8 runs, 0.5-15 MB of activations per step); on a GPU it is small next to the FLOPs.
+    dense_activation_passes: float = 10.0
     # Kernels per step of the pooled-output exchange on every device, forward and backward (neocfg/runtime/dist.py
     # EmbeddingExchange since caaa9d4, counted for the all-to-all kind: cast, reshape, the received pieces gathered
     # into the output in one ChunkGather, view forward; the gradient's scale, gather, casts and view backward; about
@@ -89,8 +95,8 @@ class CostConstants:
         checks.positive(f"{key}.id_bytes", self.id_bytes)
         checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
         checks.positive(f"{key}.ddp_bucket_mib", self.ddp_bucket_mib)
-        for name in ("dense_kernels_per_layer", "dense_step_kernels", "embedding_step_kernels",
-                     "router_kernels_per_step", "replica_update_passes", "tbe_kernels_per_group"):
+        for name in ("dense_kernels_per_layer", "dense_step_kernels", "dense_activation_passes",
+                     "embedding_step_kernels", "router_kernels_per_step", "replica_update_passes", "tbe_kernels_per_group"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))
         for name in ("shard_overhead_us", "cache_metadata_bytes_per_row", "comm_tiebreak"):
             checks.non_negative(f"{key}.{name}", getattr(self, name))

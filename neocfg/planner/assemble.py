@@ -8,13 +8,14 @@ from typing import Sequence
 
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
-from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, TablePlan
-from neocfg.planner.costs import CostModel, DenseCost, data_ms
+from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, StepStrategies, TablePlan
+from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost
 from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
 from neocfg.tiers import TIERS
+from neocfg.types import DenseGradSync, IdsExchange
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -35,37 +36,28 @@ def device_perf(cost: CostModel, placements: Sequence[Placement]) -> list[Perf]:
     return perf
 
 
-def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: SolveResult) -> Plan:
-    """The Plan of a solved placement (without DPP sizing, which dpp.size_dpp adds)."""
+def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: SolveResult,
+             strategies: StepStrategies | None = None) -> Plan:
+    """The Plan of a solved placement (without DPP sizing, which dpp.size_dpp adds). Its step strategies are
+    resolved here (planner/strategies.py; `strategies`: a given plan's own) and priced in the estimate: `dense` is
+    the DDP-synced dense part the solver counted, re-priced without its all-reduce where the plan folds the dense
+    gradients into the exchange; where the ids are exchanged in the prefetch thread, the id routing's host time
+    moves from the embedding comm term to the data term (that thread shares a CPU rank's core: the total is the
+    same). The solver report (objective, bound, gap) stays in the solver's terms: DDP-synced, routing in comm."""
     tables = cfg.model.tables
     placements = result.placements
     hbm = [0] * cost.topo.world
     host = [0] * cost.topo.world
     counts: list[Counter] = [Counter() for _ in range(cost.topo.world)]
+    routed = [0.0] * cost.topo.world
     for p in placements:
+        o = p.option
+        shape = cost.shape(tables[o.table_index], o.sharding, o.num_pieces if SCHEMES[o.sharding].sliced else 1)
         for r in p.ranks:
             hbm[r] += p.option.storage.hbm
             host[r] += p.option.storage.host
             counts[r][p.option.sharding.value] += 1
-    perf = device_perf(cost, placements)
-    # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
-    kinds = {p.option.sharding for p in placements}
-    groups: list[set] = [set() for _ in range(cost.topo.world)]
-    for p in placements:
-        for r in p.ranks:
-            groups[r].add((p.option.dtype, p.option.tier))
-    perf = [q + cost.embedding_overhead_ms(kinds, len(g)) for q, g in zip(perf, groups)]
-    # the batch's generation where it shares the rank's core (CPU devices): the same on every device, every plan
-    data = data_ms(cfg)
-    devices = tuple(
-        DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
-                       compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
-                       total_ms=perf[r].total + dense.perf.total + data, shard_counts=dict(sorted(counts[r].items())))
-        for r in range(cost.topo.world))
-    step = max(d.total_ms for d in devices)
-    # The solvers carry the fixed costs (fixed.py): their bound holds for every plan of the enumerated options.
-    lb = result.lower_bound_ms + dense.perf.total + data
-    gap = (step - lb) / step if step > 0 else 0.0
+            routed[r] += cost.routed_ms(p.option.sharding, shape)
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
                   sharding=p.option.sharding, memory=p.option.tier, weights_dtype=p.option.dtype,
@@ -76,18 +68,52 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     plan = Plan(
         model_name=cfg.model.name, world_size=hw.num_devices, nodes=hw.nodes, devices_per_node=hw.devices_per_node,
         batch_size_per_device=cfg.train.batch_size, a2a_fwd_dtype=cfg.planner.a2a_fwd_dtype,
-        a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=devices,
+        a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=(),
+        estimate=Estimate(step_ms=0.0, samples_per_s=0.0), solver=SolverReport("", "", 0.0, 0.0, 0.0, 0.0), dpp=None)
+    strategies = strategies or resolve_strategies(cfg, plan)
+    perf = device_perf(cost, placements)
+    # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
+    kinds = {p.option.sharding for p in placements}
+    groups: list[set] = [set() for _ in range(cost.topo.world)]
+    for p in placements:
+        for r in p.ranks:
+            groups[r].add((p.option.dtype, p.option.tier))
+    perf = [q + cost.embedding_overhead_ms(kinds, len(g)) for q, g in zip(perf, groups)]
+    # the batch's generation where it shares the rank's core (CPU devices): the same on every device, every plan
+    generation = data_ms(cfg)
+    # The solver's objective and bound are in its own terms (every option priced with DDP's all-reduce and the
+    # routing in comm; the fixed costs carried by fixed.py): its bound holds for every plan of the enumerated options.
+    objective = max(q.total for q in perf) + dense.perf.total + generation
+    lb = result.lower_bound_ms + dense.perf.total + generation
+    gap = (objective - lb) / objective if objective > 0 else 0.0
+    # The estimate prices the strategies the plan runs.
+    if strategies.dense_grad_sync is not DenseGradSync.ddp:
+        dense = dense_cost(cfg, strategies.dense_grad_sync)
+    data = [generation] * cost.topo.world
+    if strategies.ids_exchange is IdsExchange.prefetch:
+        moved = [x + cost.routing_ms_per_step for x in routed]
+        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m) for q, m in zip(perf, moved)]
+        data = [d + m for d, m in zip(data, moved)]
+    devices = tuple(
+        DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
+                       compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
+                       total_ms=perf[r].total + dense.perf.total + data[r],
+                       shard_counts=dict(sorted(counts[r].items())))
+        for r in range(cost.topo.world))
+    step = max(d.total_ms for d in devices)
+    busiest = max(range(cost.topo.world), key=lambda r: devices[r].total_ms)
+    plan = dataclasses.replace(
+        plan, devices=devices,
         estimate=Estimate(step_ms=step, samples_per_s=cfg.train.batch_size * hw.num_devices / (step / 1e3),
                           dense_ms=dense.perf.total, dense_compute_ms=dense.perf.compute,
-                          dense_comm_ms=dense.perf.comm, data_ms=data),
+                          dense_comm_ms=dense.perf.comm, data_ms=data[busiest]),
         solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
-                            objective_ms=step, lower_bound_ms=lb, gap=gap,
+                            objective_ms=objective, lower_bound_ms=lb, gap=gap,
                             placement_source=result.placement_source.value),
-        dpp=None)
+        strategies=strategies)
     dp_update, dp_all_reduce = replica_backward_ms(cfg, plan, cost)
     return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, dp_update_ms=dp_update,
-                                                                  dp_all_reduce_ms=dp_all_reduce),
-                               strategies=resolve_strategies(cfg, plan))
+                                                                  dp_all_reduce_ms=dp_all_reduce))
 
 
 def replica_backward_ms(cfg: NeocfgConfig, plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:

@@ -5,7 +5,9 @@ L the table's pooling factor, D its dimension, c the columns of a slice, r the r
 
 Compute  lookup bytes / effective bandwidth of the tier (HBM; UVM caching mixes HBM hits and misses read from host DDR
          over PCIe; host-tier reads the same way: the slower of the PCIe link and the device's share of the host's DDR
-         bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward.
+         bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward;
+         plus hardware.device.tbe_ns_per_bag per bag (output sample) a piece pools and tbe_us_per_group per fused
+         lookup group.
 Comm     all-to-all from/to every device: bytes x (fraction within the node / intra bandwidth + fraction across
          nodes / inter bandwidth); reduce-scatter / all-gather / all-reduce hierarchically (within the node, then
          1/P of the data across nodes). All divided by `comm_efficiency`.
@@ -19,8 +21,13 @@ Overhead fixed costs the byte and FLOP terms miss, which dominate small models a
          (`dense_cost`). Data-parallel replicas also pass over their whole fp32 table every step (gradient and
          update; `replica_update_ms`).
 Data     on CPU devices (the ranks are the host's cores) the trainer's synthetic batches are generated on the rank's
-         core: hardware.host.synthetic_us_per_sample per sample, _ns_per_id per id, _us_per_batch (`data_ms`); a GPU's
-         host has cores of its own.
+         core: hardware.host.synthetic_us_per_sample per sample, _ns_per_id per id, _ns_per_bag per bag,
+         _us_per_batch (`data_ms`); a GPU's host has cores of its own. Where the plan exchanges the ids in the
+         prefetch thread, the id routing (`routed_ms`, routing_us_per_step) is charged here instead of to comm
+         (planner/assemble.py).
+Dense    FLOPs at peak x MFU, planner.costs.dense_activation_passes over the activations (`dense_activations`) at
+         the streaming bandwidth, kernels, and DDP's all-reduce unless the plan folds the dense gradients into the
+         embeddings' backward all-to-all (`dense_cost`).
 Memory   weights at the precision + optimizer state (row-wise Adagrad one fp32 per row, Adagrad one per element,
          SGD none) + cache metadata (UVM caching) + input/output buffers (ids, pooled outputs and their gradients).
 """
@@ -41,8 +48,8 @@ from neocfg.perf import Perf
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
 from neocfg.tiers import TIERS
-from neocfg.types import (DataSource, DenseOptimizer, DeviceKind, Interaction, MemoryTier, ShardingType,
-                          SparseOptimizer, WeightsDtype)
+from neocfg.types import (DataSource, DenseGradSync, DenseOptimizer, DeviceKind, Interaction, MemoryTier,
+                          ShardingType, SparseOptimizer, WeightsDtype)
 
 GIB = 1024**3
 GB = 1e9
@@ -104,13 +111,15 @@ def tbe_us_per_group(cfg: NeocfgConfig) -> float:
 
 def data_ms(cfg: NeocfgConfig) -> float:
     """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
-    devices: the ranks are the host's cores); 0 where the host has cores of its own or nothing is measured."""
+    devices: the ranks are the host's cores): per batch, per sample, per id and per bag (a sample's ids of one
+    table); 0 where the host has cores of its own or nothing is measured."""
     hw, model = cfg.hardware, cfg.model
     if (hw.device.kind is not DeviceKind.cpu or cfg.dsi.source is not DataSource.synthetic
             or hw.host.synthetic_us_per_sample is None):
         return 0.0
     ids = sum(t.pooling_factor for t in model.tables)
-    per_sample_us = hw.host.synthetic_us_per_sample + ids * hw.host.synthetic_ns_per_id / 1e3
+    per_sample_us = (hw.host.synthetic_us_per_sample + ids * hw.host.synthetic_ns_per_id / 1e3
+                     + len(model.tables) * hw.host.synthetic_ns_per_bag / 1e3)
     return (hw.host.synthetic_us_per_batch + cfg.train.batch_size * per_sample_us) / 1e3
 
 
@@ -136,7 +145,9 @@ class CostModel:
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
     routing_ms_per_step: float = 0.0     # host time of the id routing per step (IdRouter: constant ops)
     routing_ms_per_id: float = 0.0       # ... and per id received
+    routing_ms_per_row_id: float = 0.0   # ... and more per id of a row-sharded piece (bucketized by row range)
     tbe_ms_per_group: float = 0.0        # fixed host time of one fused lookup group (TBE) call, forward + backward
+    tbe_ms_per_bag: float = 0.0          # ... per bag it walks (one sample's ids of one table), forward + backward
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
     # Each rank's usable bytes where devices differ (a TorchRec Topology's devices); () = the capacities above on
@@ -163,7 +174,8 @@ class CostModel:
             all_reduce_latency_ms=all_reduce_latency_us(cfg) / 1e3,
             kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
             routing_ms_per_step=routing_us_per_step(cfg) / 1e3, routing_ms_per_id=hw.device.routing_ns_per_id / 1e6,
-            tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3,
+            routing_ms_per_row_id=hw.device.routing_ns_per_row_id / 1e6,
+            tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3, tbe_ms_per_bag=hw.device.tbe_ns_per_bag / 1e6,
             exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
                                        else 0.0),
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB))
@@ -269,16 +281,27 @@ class CostModel:
         return max(pcie, ddr)
 
     def compute(self, table: TableConfig, shape: PieceShape, tier: MemoryTier, dtype: WeightsDtype) -> Perf:
+        """The piece's lookups: its rows' bytes at the tier's rate, shard_overhead_us, and tbe_ms_per_bag per bag
+        (output sample) it pools; backward bwd_compute_multiplier x forward."""
         fwd = shape.lookup_rows * shape.cols * dtype.bytes * self.lookup_ms_per_byte(table, tier, shape.rows)
         fwd += self.consts.shard_overhead_us / 1e3
+        fwd += shape.output_samples * self.tbe_ms_per_bag / (1 + self.consts.bwd_compute_multiplier)
         return Perf(fwd_compute=fwd, bwd_compute=fwd * self.consts.bwd_compute_multiplier)
+
+    def routed_ms(self, sharding: ShardingType, shape: PieceShape) -> float:
+        """The router's passes over the ids the piece receives (none for a replica, which looks up its own
+        samples; more per id where they are bucketized by row range): forward, on whichever thread exchanges the ids
+        (the step's, or the prefetch thread's)."""
+        routing = SCHEMES[sharding].routing
+        if routing is Routing.local:
+            return 0.0
+        per_id = self.routing_ms_per_id + (self.routing_ms_per_row_id if routing is Routing.by_row else 0.0)
+        return shape.lookup_rows * per_id
 
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
         """Ids in, outputs out, gradients back: the sharding type's own terms (neocfg.sharding), plus the router's
         passes over the ids the piece receives (none for a replica, which looks up its own samples)."""
-        scheme = SCHEMES[sharding]
-        routed = 0.0 if scheme.routing is Routing.local else shape.lookup_rows * self.routing_ms_per_id
-        return scheme.comm(self, shape) + Perf(fwd_comm=routed)
+        return SCHEMES[sharding].comm(self, shape) + Perf(fwd_comm=self.routed_ms(sharding, shape))
 
     def replica_update_ms(self, sharding: ShardingType, shape: PieceShape) -> Perf:
         """A data-parallel replica's passes over its whole fp32 table per step (dense gradient, its all-reduce in
@@ -330,6 +353,19 @@ def dense_flops_and_params(model: ModelConfig) -> tuple[float, int]:
     return bottom_f + inter_f + top_f, bottom_p + inter_p + top_p
 
 
+def dense_activations(model: ModelConfig) -> int:
+    """fp32 activations per sample the dense part writes and reads back: every MLP layer's input and output, the
+    interaction's input (the pooled embeddings and the bottom MLP's output) and output (dot: the F x F products too)."""
+    features = len(model.tables) + 1
+    x = sum(model.embedding_dims) + model.bottom_layers[-1]
+    if model.interaction is Interaction.dot:
+        d = model.tables[0].embedding_dim
+        inter = features * features + d + features * (features - 1) // 2
+    else:
+        inter = x * (1 + model.dcn_num_layers)   # each cross layer's output, the last one the top MLP's input
+    return (model.num_dense_features + sum(model.bottom_layers) + x + inter + sum(model.top_mlp))
+
+
 def dense_layers(model: ModelConfig) -> int:
     """Linear layers of the dense part (bottom and top MLPs; DCN: two low-rank matmuls per cross layer)."""
     inter = 0 if model.interaction is Interaction.dot else 2 * model.dcn_num_layers
@@ -342,7 +378,10 @@ _DENSE_STATE_WORDS = {DenseOptimizer.sgd: 0, DenseOptimizer.adagrad: 1, DenseOpt
 TRAIN_FLOPS_PER_FWD = 3
 
 
-def dense_cost(cfg: NeocfgConfig) -> DenseCost:
+def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync = DenseGradSync.ddp) -> DenseCost:
+    """The dense part per device and step: FLOPs at peak x MFU, dense_activation_passes over its activations at the
+    streaming bandwidth, its kernels' fixed costs, and DDP's all-reduce unless `sync` folds the dense gradients into
+    the embeddings' backward all-to-all (exchange: their bytes ride in that collective, no collective of their own)."""
     hw, c = cfg.hardware, cfg.planner.costs
     flops, params = dense_flops_and_params(cfg.model)
     mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
@@ -354,11 +393,17 @@ def dense_cost(cfg: NeocfgConfig) -> DenseCost:
                 + (n - 1) / n / p / (hw.inter_node_bandwidth_gbs * GB)) * MS / c.comm_efficiency
     buckets = math.ceil(grad_bytes / (c.ddp_bucket_mib * 2**20))
     alpha = buckets * hw.collective_latency_us / 1e3
-    allreduce = (2 * grad_bytes * per_byte + alpha) * c.dense_allreduce_exposed
+    allreduce = 0.0
+    if sync is DenseGradSync.ddp:
+        allreduce = (2 * grad_bytes * per_byte + alpha) * c.dense_allreduce_exposed
+    stream_gbs = hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs
+    passes = (c.dense_activation_passes * dense_activations(cfg.model) * FP32 * cfg.train.batch_size
+              / (stream_gbs * GB) * MS)
     kernels = (c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels) \
         * hw.device.kernel_overhead_us / 1e3
     # a third of the kernels run forward (see dense_kernels_per_layer: 2 of 6 per layer)
-    perf = Perf(fwd_compute=fwd + kernels / 3, bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + kernels * 2 / 3,
+    perf = Perf(fwd_compute=fwd + (kernels + passes) / 3,
+                bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + (kernels + passes) * 2 / 3,
                 bwd_comm=allreduce)
     resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
     if cfg.planner.dense_resident_bytes is not None:

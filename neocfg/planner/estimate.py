@@ -59,12 +59,11 @@ def rate_plan(cfg: NeocfgConfig, plan: Plan, source: str, check_memory: bool = T
                               f"{cost.capacity.host / GIB:,.2f})")
     result = SolveResult(placements=placements, algorithm=GIVEN_PLAN_ALGORITHM, status=GIVEN_STATUS, seconds=0.0,
                          lower_bound_ms=0.0, placement_source=PlacementSource.given)
-    rated = assemble(cfg, cost, dense_cost(cfg), result)
+    rated = assemble(cfg, cost, dense_cost(cfg), result, strategies=plan.strategies)
     by_name = {t.name: t for t in plan.tables}
     step = rated.estimate.step_ms
     rated = dataclasses.replace(
         rated, tables=tuple(by_name[t.name] for t in cfg.model.tables),
-        strategies=plan.strategies or rated.strategies,   # a plan file's own strategies are what it runs
         solver=SolverReport(algorithm=GIVEN_PLAN_ALGORITHM, status=GIVEN_STATUS,
                             seconds=time.perf_counter() - start, objective_ms=step, lower_bound_ms=0.0, gap=1.0,
                             placement_source=PlacementSource.given.value))

@@ -1,0 +1,257 @@
+"""Fit cpu_local's per-term constants from whole mode=train runs: the laps of a training step, where every term is
+measured as the estimate prices it (2 gloo ranks at once, one thread each, the prefetch thread on the rank's core).
+
+Micro-benchmarks of one part alone (calibrate_cpu.py's other parts) miss what a step adds: the other rank and the
+gloo threads on the same cores, caches shared with the dense part, the prefetch thread. Here a few calibration models
+(none of them bench/estimate_terms.py's) are trained by the real CLI, and each term's laps are fitted, by least
+squares over the runs (and over the ranks, for the per-rank embedding laps), to the features the cost model prices:
+
+  embedding compute (emb_fwd + emb_bwd, per rank)  = tbe_us_per_group x groups + tbe_ns_per_bag x bags
+                                                     + rows' bytes / (hbm_bandwidth_gbs x hbm_efficiency) x 3
+  data (the prefetch lap, ids exchanged in the step) = synthetic_us_per_batch + synthetic_us_per_sample x B
+                                                     + synthetic_ns_per_bag x B x tables + synthetic_ns_per_id x ids
+  data, ids exchanged in the prefetch thread (row-wise runs), less the generation fitted above
+                                                   = routing_us_per_step + routing_ns_per_id x ids received
+  dense (the dense lap, less DDP's all-reduce as priced) = kernel_overhead_us x kernels + train FLOPs / (peak x mfu)
+                                                     + dense_activation_passes x activation bytes / stream bandwidth
+  collective_latency_us: the median over ranks and runs of the output exchange's two collectives (comm_fwd +
+                         comm_bwd) less their bytes and kernels as priced, halved
+
+    .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
+    .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import compose_cfg  # noqa: E402
+from estimate_terms import Kind, train  # noqa: E402
+
+from neocfg.plan import Plan  # noqa: E402
+from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, dense_activations, dense_cost,  # noqa: E402
+                                  dense_flops_and_params, dense_layers)
+from neocfg.sharding import SCHEMES  # noqa: E402
+from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
+
+DIM = 16
+
+
+def _model(name: str, tables: int, rows: int, pooling: float, bottom: list[int], top: list[int],
+           interaction: str = "dot", **extra) -> dict:
+    return {"name": name, "num_dense_features": 13, "bottom_mlp": bottom, "top_mlp": top, "interaction": interaction,
+            "tables": [{"name": f"c{i}", "num_embeddings": rows, "embedding_dim": DIM, "pooling_factor": pooling,
+                        "zipf_alpha": 0.0} for i in range(tables)], **extra}
+
+
+@dataclass(frozen=True)
+class CalRun:
+    kind: Kind
+    sharding: str
+    batch: int
+
+
+def _runs() -> dict[str, CalRun]:
+    few = _model("cal_few", 10, 20_000, 3, [32, DIM], [32, 1])
+    many = _model("cal_many", 60, 20_000, 8, [32, DIM], [64, 1])
+    wide = _model("cal_wide", 300, 10_000, 15, [64, DIM], [128, 1], "dcn", dcn_low_rank_dim=16, dcn_num_layers=1)
+    mlp = _model("cal_mlp", 26, 20_000, 1, [512, 256, DIM], [1024, 512, 256, 1])
+    return {
+        "few_tw": CalRun(Kind("few", few, steps=200), "table_wise", 256),
+        "few_tw_1024": CalRun(Kind("few", few, steps=100), "table_wise", 1024),
+        "few_rw": CalRun(Kind("few", few, steps=200), "row_wise", 256),
+        "many_tw": CalRun(Kind("many", many, steps=60), "table_wise", 256),
+        "many_rw": CalRun(Kind("many", many, steps=60), "row_wise", 256),
+        "mlp_tw": CalRun(Kind("mlp", mlp, steps=60), "table_wise", 512),
+        "wide_tw": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10",)), "table_wise", 256),
+        "wide_rw": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10",)), "row_wise", 256),
+    }
+
+
+def run_names() -> list[str]:
+    return list(_runs())
+
+
+def measure(names: list[str]) -> list[dict]:
+    """Train each calibration run by the CLI; its laps per rank and the plan it ran."""
+    runs = _runs()
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "conf"
+        (conf / "model").mkdir(parents=True)
+        for r in runs.values():
+            (conf / "model" / f"{r.kind.model['name']}.yaml").write_text(yaml.safe_dump(r.kind.model, sort_keys=False))
+        for name in names:
+            r = runs[name]
+            run_dir = Path(tmp) / name
+            m = train(r.kind, r.sharding, conf, run_dir, [f"train.batch_size={r.batch}"])
+            out.append({"name": name, "model": r.kind.model, "batch": r.batch, "breakdown": m.breakdown_ms,
+                        "per_rank": m.breakdown_ms_per_rank,
+                        "plan": json.loads((run_dir / "plan.json").read_text())})
+            print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in m.breakdown_ms.items()), file=sys.stderr,
+                  flush=True)
+    return out
+
+
+def _cfg(run: dict):
+    d = Path(tempfile.mkdtemp()) / "model"
+    d.mkdir(parents=True)
+    (d / f"{run['model']['name']}.yaml").write_text(yaml.safe_dump(run["model"], sort_keys=False))
+    return compose_cfg([f"model={run['model']['name']}", "hardware=cpu_local", f"train.batch_size={run['batch']}",
+                        f"hydra.searchpath=[file://{d.parent}]"])
+
+
+def features(run: dict) -> dict:
+    """What the cost model prices for this run: per rank (groups, bags, rows' bytes, ids received), per run (the
+    batch's bags and ids, dense kernels, FLOPs, activation bytes, DDP's all-reduce as priced)."""
+    cfg = _cfg(run)
+    cost = CostModel.from_config(cfg)
+    plan = Plan.from_dict(run["plan"])
+    world, b = plan.world_size, cfg.train.batch_size
+    ranks = [{"groups": set(), "bags": 0.0, "bytes": 0.0, "ids": 0.0, "pieces": 0, "out_ms": 0.0}
+             for _ in range(world)]
+    for t in cfg.model.tables:
+        tp = plan.table(t.name)
+        k = len(tp.shards) if SCHEMES[tp.sharding].sliced else 1
+        shape = cost.shape(t, tp.sharding, k)
+        for s in tp.shards:
+            r = ranks[s.rank]
+            r["groups"].add((tp.weights_dtype, tp.memory))
+            r["bags"] += shape.output_samples
+            r["bytes"] += shape.lookup_rows * shape.cols * tp.weights_dtype.bytes
+            r["ids"] += shape.lookup_rows
+            r["pieces"] += 1
+            r["out_ms"] += 2 * cost.comm(t, tp.sharding, shape).bwd_comm   # outputs out, gradients back (fp32)
+    flops, params = dense_flops_and_params(cfg.model)
+    c = cfg.planner.costs
+    sync = plan.strategies.dense_grad_sync
+    ddp = dense_cost(cfg, DenseGradSync.ddp).perf.comm if sync is DenseGradSync.ddp else 0.0
+    return {"ranks": [{**r, "groups": len(r["groups"])} for r in ranks], "batch": b,
+            "bags": b * len(cfg.model.tables), "ids": b * sum(t.pooling_factor for t in cfg.model.tables),
+            "prefetch_ids": plan.strategies.ids_exchange is IdsExchange.prefetch,
+            "kernels": c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels,
+            "train_flops": flops * b * TRAIN_FLOPS_PER_FWD, "act_bytes": dense_activations(cfg.model) * FP32 * b,
+            "ddp_ms": ddp, "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
+            "shard_overhead_ms": c.shard_overhead_us / 1e3 * (1 + c.bwd_compute_multiplier),
+            "hbm_efficiency": c.hbm_efficiency, "routing_ns_per_id": cfg.hardware.device.routing_ns_per_id, "bwd_multiplier": c.bwd_compute_multiplier,
+            "stream_gbs": cfg.hardware.device.stream_bandwidth_gbs or cfg.hardware.device.hbm_bandwidth_gbs}
+
+
+def _fit(rows: list[list[float]], ys: list[float]) -> list[float]:
+    """Least squares of the relative error (each run counts alike, whatever its size), non-negative: a feature whose
+    coefficient comes out negative is dropped (0) and the rest refitted."""
+    x, y = np.array(rows, dtype=float), np.array(ys, dtype=float)
+    keep = list(range(x.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(x[:, keep] / y[:, None], np.ones(len(y)), rcond=None)
+        if (coef >= 0).all():
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = np.zeros(x.shape[1])
+    full[keep] = coef
+    return [float(v) for v in full]
+
+
+def fit(runs: list[dict]) -> dict:
+    """The constants (cpu_local.yaml's units) and, per term, each run's measured / fitted ratio."""
+    feats = {r["name"]: features(r) for r in runs}
+    any_f = next(iter(feats.values()))
+    ratios: dict[str, list[str]] = {}
+
+    def check(term: str, name: str, measured: float, fitted: float) -> None:
+        ratios.setdefault(term, []).append(f"{name} {measured:.2f}/{fitted:.2f}")
+
+    # embedding compute, per rank: groups, bags, rows' bytes (ms), less shard_overhead_us per piece
+    rows, ys, names = [], [], []
+    for r in runs:
+        f = feats[r["name"]]
+        for rank, laps in zip(f["ranks"], r["per_rank"]):
+            if rank["pieces"]:
+                rows.append([rank["groups"], rank["bags"], rank["bytes"]])
+                ys.append(laps["emb_fwd"] + laps["emb_bwd"] - rank["pieces"] * f["shard_overhead_ms"])
+                names.append(r["name"])
+    g, bag, byte = _fit(rows, ys)
+    for n, x, y in zip(names, rows, ys):
+        check("compute", n, y, g * x[0] + bag * x[1] + byte * x[2])
+    fwd_gbs = 1 / (byte / (1 + any_f["bwd_multiplier"])) / 1e6   # ms per byte of forward rows -> GB/s
+    out = {"device.tbe_us_per_group": g * 1e3, "device.tbe_ns_per_bag": bag * 1e6,
+           "device.hbm_bandwidth_gbs": fwd_gbs / any_f["hbm_efficiency"]}
+    # data, ids exchanged in the step: per batch, sample, bag, id
+    rows, ys, names = [], [], []
+    for r in runs:
+        f = feats[r["name"]]
+        if not f["prefetch_ids"]:
+            rows.append([1.0, f["batch"], f["bags"], f["ids"]])
+            ys.append(r["breakdown"]["prefetch"])
+            names.append(r["name"])
+    gen = _fit(rows, ys)
+    for n, x, y in zip(names, rows, ys):
+        check("data", n, y, float(np.dot(gen, x)))
+    out |= {"host.synthetic_us_per_batch": gen[0] * 1e3, "host.synthetic_us_per_sample": gen[1] * 1e3,
+            "host.synthetic_ns_per_bag": gen[2] * 1e6, "host.synthetic_ns_per_id": gen[3] * 1e6}
+    # the id routing in the prefetch thread (row-wise runs): the prefetch lap beyond the generation fitted above
+    rows, ys, names = [], [], []
+    for r in runs:
+        f = feats[r["name"]]
+        if f["prefetch_ids"]:
+            made = float(np.dot(gen, [1.0, f["batch"], f["bags"], f["ids"]]))
+            for rank, laps in zip(f["ranks"], r["per_rank"]):
+                rows.append([1.0, rank["ids"]])
+                ys.append(laps["prefetch"] - made)
+                names.append(r["name"])
+    if len({x[1] for x in rows}) >= 2:
+        step, per_id = _fit(rows, ys)
+        for n, x, y in zip(names, rows, ys):
+            check("routing", n, y, step + per_id * x[1])
+        out |= {"device.routing_us_per_step": step * 1e3,
+                "device.routing_ns_per_row_id": per_id * 1e6 - any_f["routing_ns_per_id"]}
+    # dense: kernels, training FLOPs, activation bytes; DDP's all-reduce as priced taken off first
+    rows, ys, names = [], [], []
+    for r in runs:
+        f = feats[r["name"]]
+        rows.append([f["kernels"], f["train_flops"], f["act_bytes"]])
+        ys.append(r["breakdown"]["dense"] - f["ddp_ms"])
+        names.append(r["name"])
+    k, per_flop, per_act = _fit(rows, ys)
+    for n, x, y in zip(names, rows, ys):
+        check("dense", n, y, k * x[0] + per_flop * x[1] + per_act * x[2])
+    out |= {"device.kernel_overhead_us": k * 1e3, "dense_tflops": 1 / per_flop / 1e9,
+            "planner.costs.dense_activation_passes": per_act * any_f["stream_gbs"] * 1e6}
+    # a collective inside a step: the output exchange's two (forward, backward) beyond their bytes and kernels as
+    # priced, per rank (the rank that waits for its peer pays the wait here)
+    lat = []
+    for r in runs:
+        f = feats[r["name"]]
+        for rank, laps in zip(f["ranks"], r["per_rank"]):
+            lat.append((laps["comm_fwd"] + laps["comm_bwd"] - rank["out_ms"] - f["exchange_kernels_ms"]) / 2)
+    out["collective_latency_us"] = float(np.median(lat)) * 1e3
+    return {"preset": {key: round(v, 3) for key, v in out.items()}, "measured/fitted": ratios}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", default=",".join(run_names()))
+    ap.add_argument("--out", help="write the runs' laps (JSON) here")
+    ap.add_argument("--fit", nargs="*", default=[], help="fit these saved runs' laps instead of training")
+    a = ap.parse_args()
+    if a.fit:
+        runs = [x for p in a.fit for x in json.loads(Path(p).read_text())]
+    else:
+        runs = measure(a.runs.split(","))
+        if a.out:
+            Path(a.out).write_text(json.dumps(runs))
+    print(json.dumps(fit(runs), indent=1))
+
+
+if __name__ == "__main__":
+    main()
