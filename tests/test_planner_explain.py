@@ -121,9 +121,15 @@ def test_memory_binds_when_the_busiest_device_holds_a_table_pushed_out_of_device
     assert all(c.reason is not Reason.memory for c in ex_roomy.tables)
 
 
-@pytest.mark.parametrize("rows,extra", [(ROWS, EXTRA), (CROWDED, CROWDED_EXTRA)], ids=["mixed", "crowded"])
-def test_device_times_add_up_as_the_planner_priced_them(rows, extra):
-    cfg = round_cfg(rows, *extra)
+@pytest.mark.parametrize("overrides", [
+    [*ROUND_HW, tables_override(ROWS), *MODEL, *EXTRA],
+    [*ROUND_HW, tables_override(CROWDED), *MODEL, *CROWDED_EXTRA],
+    ["hardware=zionex_2node", "planner.weights_dtypes=[fp32,fp16]"],   # with latencies and kernel overheads
+], ids=["mixed", "crowded", "dlrm_tiny_zionex"])
+def test_device_times_add_up_as_the_planner_priced_them(overrides):
+    from conftest import compose_cfg
+
+    cfg = compose_cfg(overrides)
     plan = make_plan(cfg)
     cost = CostModel.from_config(cfg)
     compute, comm = _Plan(cost, placements_of(cfg, cost, plan)).device_ms()
