@@ -11,7 +11,7 @@ import pytest
 
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.source import Prefetcher, SyntheticSource
-from neocfg.data.synthetic import CHUNK_SIZE, SyntheticData, scatter_ranks, zipf_ids
+from neocfg.data.synthetic import CHUNK_SIZE, ID_BLOCK, SyntheticData, expand, scatter_ranks, zipf_ids
 
 DATA = SyntheticData(num_dense=3, rows=(100, 1000, 50, 7), pooling=(1.0, 3.5, 0.3, 2.0),
                      alphas=(1.0, 0.8, 1.3, 1.05), seed=5)
@@ -58,6 +58,22 @@ def test_each_table_keeps_its_own_pooling_rows_and_skew():
         freq = float(np.mean(ids == scatter_ranks(0, rows, t)))
         sigma = np.sqrt(p1 * (1 - p1) / ids.size)
         assert abs(freq - p1) < 4 * sigma + 1e-3, (t, freq, p1)
+
+
+@pytest.mark.parametrize("counts", [[3, 0, 2, 0, 0, 1], [0, 0, 4], [5], [0, 0], []])
+def test_expand_repeats_each_index_its_count_times(counts):
+    np.testing.assert_array_equal(expand(np.array(counts, np.int64)), np.repeat(np.arange(len(counts)), counts))
+
+
+def test_ids_drawn_block_by_block_follow_each_tables_law_across_blocks():
+    # two tables whose ids straddle block boundaries: every id of a table within its rows, uniform table even
+    rows, counts = np.array([10, 1000]), np.array([ID_BLOCK + 7, 2 * ID_BLOCK])
+    ids = zipf_ids(np.random.default_rng(3), rows, np.array([0.0, 1.2]), counts)
+    first, second = ids[:counts[0]], ids[counts[0]:]
+    assert first.max() < 10 and second.max() < 1000 and ids.min() >= 0
+    assert np.bincount(first, minlength=10).min() > 0.8 * counts[0] / 10   # uniform over 10 rows
+    hot = np.bincount(second, minlength=1000)
+    assert hot.argmax() == scatter_ranks(0, 1000, 1) and hot.max() > 0.1 * counts[1]
 
 
 def test_one_table_draw_has_the_scalar_laws_shape():
