@@ -183,11 +183,16 @@ def main() -> None:
                     "kind at a time) instead of training")
     a = ap.parse_args()
     if a.merge:
-        results = [r for p in a.merge for r in json.loads(Path(p).read_text())["results"]]
-        results.sort(key=lambda r: (r["run"], list(kinds()).index(r["kind"])))
-        print(markdown(results))
+        parts = [json.loads(Path(p).read_text())["results"] for p in a.merge]
+        results = sorted((r for part in parts for r in part), key=lambda r: (r["run"], list(kinds()).index(r["kind"])))
+        groups = "; ".join(f"`--kinds {','.join(dict.fromkeys(r['kind'] for r in part))} --shardings "
+                           f"{','.join(dict.fromkeys(r['sharding'] for r in part))} --runs "
+                           f"{max(r['run'] for r in part)}`" for part in parts)
+        text = (f"Runs made one group of kinds at a time under the CPU lock ({groups}), recorded together by "
+                f"`--merge`.\n\n" + markdown(results))
+        print(text)
         if a.record:
-            record_results(SECTION, markdown(results))
+            record_results(SECTION, text)
         return
     chosen = [kinds()[k] for k in a.kinds.split(",")]
     results = []
