@@ -150,8 +150,9 @@ def run_round(k: int, inbox: Path, setup, clients: int, splits: int, workers: in
     _, rss0, _ = _proc_stat(pid)
     cpu0 = _proc_stat(pid)[0]
     go = time.time() + START_SLACK_S + 0.05 * clients
-    (inbox / f"round-{k}.pkl").write_bytes(pickle.dumps({"setup": setup, "master": name, "clients": clients,
-                                                         "go": go}))
+    part = inbox / f"round-{k}.part"  # renamed when whole: the clients poll for the file
+    part.write_bytes(pickle.dumps({"setup": setup, "master": name, "clients": clients, "go": go}))
+    part.rename(inbox / f"round-{k}.pkl")
     results = [inbox / f"result-{k}-{c}.json" for c in range(clients)]
     trace = []  # (splits done, master RSS) twice a second: retention shows as RSS growing with splits
     while not all(p.exists() for p in results):
@@ -205,6 +206,7 @@ def main() -> None:
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp_clients.json")
     ap.add_argument("--record-from", type=Path, help="only write the section from this earlier run's JSON")
+    ap.add_argument("--note", default="", help="a line said under the table (with --record-from)")
     ap.add_argument("--client-proc", nargs=4, metavar=("ADDRESS", "TOKEN", "INBOX", "INDEX"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.client_proc:
@@ -212,7 +214,7 @@ def main() -> None:
         client_process(address, token, Path(inbox), int(index))
         return
     if args.record_from:
-        record(json.loads(args.record_from.read_text())["rows"])
+        record(json.loads(args.record_from.read_text())["rows"], args.note)
         return
     rounds = [tuple(int(x) for x in r.split(":")) for r in args.rounds]
     procs_n = max(c for c, _, _ in rounds)
@@ -253,7 +255,11 @@ def main() -> None:
         record(rows)
 
 
-def record(rows: list[dict]) -> None:
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def record(rows: list[dict], note: str = "") -> None:
     from bench.common import record_results
 
     lines = ["One job-wide master actor (dsi.backend=ray, the run's own Ray with token authentication) and separate "
@@ -271,12 +277,14 @@ def record(rows: list[dict]) -> None:
                      f"{r['samples_per_s']:,.0f} | {lo:,.0f} / {med:,.0f} / {hi:,.0f} | "
                      f"{r['client_splits'][0]}-{r['client_splits'][1]} | {r['master_cpu_us_per_split']:,.0f} | "
                      f"{r['master_rss_start'] / 2**20:.0f} -> {r['master_hwm'] / 2**20:.0f} | "
-                     f"{r['master_rss_growth_per_split']:,.0f} | {'yes' if r['exactly_once'] else 'NO'} |")
+                     f"{_fmt(r.get('master_rss_growth_per_split'))} | {'yes' if r['exactly_once'] else 'NO'} |")
     worst = max(r["master_cpu_us_per_split"] for r in rows)
     lines += ["", f"The master's ceiling from its CPU per split (the highest row, {worst:,.0f} us): "
                   f"{1e6 / worst:,.0f} splits/s on one core; at 65,536 rows per split (a typical row group) that is "
                   f"{1e6 / worst * 65536 / 1e6:,.0f} M samples/s for the job, "
                   f"{1e6 / worst * 65536 / TRAINERS / 1e3:,.0f} k samples/s per trainer over {TRAINERS} trainers."]
+    if note:
+        lines += ["", note]
     record_results("DPP with many clients", "\n".join(lines))
 
 
