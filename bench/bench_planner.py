@@ -4,6 +4,7 @@
                                             [--hardware zionex h100]
     .venv/bin/python bench/bench_planner.py --scale [--solvers cbc]
     .venv/bin/python bench/bench_planner.py --quick --restricted
+    .venv/bin/python bench/bench_planner.py --devices 16 128 --max-gap 0.02 --record
 
 Prints per case: wall and CPU seconds (options + solver; CPU counts the solver's process too) of each algorithm,
 their objectives (estimated step ms), the ILP's proven lower bound and gap, the embedding-only gap (the dense part
@@ -15,7 +16,9 @@ against tables x devices in <out>/bench_planner_scale.json and .png. --restricte
 restriction of the option space (neocfg.planner.fixed.restrictions: each sharding type alone and each collective group,
 each memory tier and each weights precision alone or left out), and checks that no restricted plan beats the full
 run's lower bound and that the full run's plan is within its gap of the best restricted one (printed, in the JSON,
-and the exit status is 1 if it fails anywhere).
+and the exit status is 1 if it fails anywhere). --max-gap G: checks that every case that fits ends at a gap of at most
+G within its time limit (ILP wall seconds, options and assembly included, at most the limit + TIME_SLACK_S); the exit
+status is 1 if one does not.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ HARDWARE = {"zionex": lambda nodes: [f"hardware=zionex_{nodes}node"],
 # --scale: (model, devices), growing tables x devices up to 4,096 tables on 512 devices.
 SCALE = [("dcnv2_mlperf", 16), ("dcnv2_mlperf", 128), ("prod_856", 128), ("prod_856", 256), ("prod_4096", 256),
          ("prod_4096", 512)]
+# --max-gap: seconds a run may take past planner.time_limit_s (CBC stops on whole seconds; the cost model is built
+# and the plan assembled outside the solver's budget).
+TIME_SLACK_S = 2.0
 
 
 @dataclass
@@ -91,7 +97,20 @@ class Case:
     hardware: str
     greedy: Run
     ilp: dict[str, Run]     # by solver
+    limit_s: float          # the ILP's time limit
     restricted: Optional[Restricted] = None
+
+    def misses(self, max_gap: float) -> list[str]:
+        """Why this case fails --max-gap (none where it does not fit: there is no plan to close)."""
+        out = []
+        for sv, i in self.ilp.items():
+            if i.gap is None:
+                continue
+            if i.gap > max_gap:
+                out.append(f"{self.model} x {self.devices} ({sv}): gap {100 * i.gap:.2f}%")
+            if i.seconds > self.limit_s + TIME_SLACK_S:
+                out.append(f"{self.model} x {self.devices} ({sv}): {i.seconds:.1f} s, limit {self.limit_s:g} s")
+        return out
 
     def ratio(self, solver: str) -> Optional[float]:
         i = self.ilp[solver]
@@ -173,6 +192,8 @@ def main() -> None:
     ap.add_argument("--hardware", nargs="*", default=["zionex"], choices=sorted(HARDWARE))
     ap.add_argument("--restricted", action="store_true",
                     help="also each restriction of the option space; check the full run's bound against them")
+    ap.add_argument("--max-gap", type=float, default=None,
+                    help="check that every case that fits ends at a gap of at most this within its time limit")
     ap.add_argument("--record", action="store_true",
                     help=f"write the cases' gaps into bench/RESULTS.md, section '{RESULTS_SECTION}' (rows of"
                          " other cases kept)")
@@ -193,7 +214,8 @@ def main() -> None:
     for model, hw, devices in ((m, h, d) for m in models for h in args.hardware for d in sizes):
         g = run_one(model, devices, "greedy", limit, hardware=hw)
         c = Case(model, devices, hw, g, {sv: run_one(model, devices, "ilp", limit, sv, hardware=hw)
-                                         for sv in args.solvers})
+                                         for sv in args.solvers},
+                 limit or compose_cfg(overrides(model, devices, hw, None)).planner.time_limit_s)
         if args.restricted:
             c.restricted = check_restricted(model, devices, hw, limit, args.solvers[0], c.ilp)
         cases.append(c)
@@ -215,8 +237,14 @@ def main() -> None:
          "cases": [{**asdict(c), "ilp_over_greedy": {sv: c.ratio(sv) for sv in c.ilp}} for c in cases]}, indent=1))
     save_png(cases, out / "bench_planner.png")
     print(f"results written to {out / 'bench_planner.json'} and {out / 'bench_planner.png'}")
+    check, missed = None, []
+    if args.max_gap is not None:
+        missed = [m for c in cases for m in c.misses(args.max_gap)]
+        check = (f"every case that fits ends at a gap of at most {100 * args.max_gap:g}% within its time limit: "
+                 + ("yes" if not missed else "NO (" + "; ".join(missed) + ")") + f" ({len(cases)} cases)")
+        print(check)
     if args.record:
-        record(cases)
+        record(cases, check)
     if args.restricted:
         failed = [f"{c.model} x {c.hardware} x {c.devices}" for c in cases
                   if c.restricted is not None and not c.restricted.ok]
@@ -224,14 +252,16 @@ def main() -> None:
               f" ({len(cases)} cases)")
         if failed:
             sys.exit(1)
+    if missed:
+        sys.exit(1)
 
 
 RESULTS_SECTION = "Planner bound and gaps"
-RESULTS_COLUMNS = ("model", "hardware", "devices", "solver", "ILP ms", "bound ms", "gap", "status, placement", "ILP s",
-                   "restricted runs")
+RESULTS_COLUMNS = ("model", "hardware", "devices", "solver", "ILP ms", "bound ms", "gap", "status, placement",
+                   "ILP s (limit)", "restricted runs")
 
 
-def record(cases: list[Case]) -> None:
+def record(cases: list[Case], check: Optional[str] = None) -> None:
     """This run's cases as rows of bench/RESULTS.md's section (a row per model x hardware x devices x solver); rows of
     cases not run this time are kept (the section is filled by several runs)."""
     text = RESULTS.read_text() if RESULTS.exists() else ""
@@ -251,13 +281,15 @@ def record(cases: list[Case]) -> None:
             cells = (c.model, c.hardware, str(c.devices), sv, fmt(i.objective_ms, ".4f"), fmt(i.lower_bound_ms, ".4f"),
                      "-" if i.gap is None else f"{100 * i.gap:.2f}%",
                      f"{i.status}, {i.placement_source}" if i.error is None else "does not fit",
-                     f"{i.seconds:.1f}", held)
+                     f"{i.seconds:.1f} ({c.limit_s:g})", held)
             rows[cells[:4]] = "| " + " | ".join(cells) + " |"
     body = ["Gap: (plan - bound) / plan of the step time; the bound holds for every plan of the enumerated options. "
             "Time limit: planner.time_limit_s unless the command sets --time-limit. The command is the last run's; "
             "rows of earlier runs of this bench (other models, hardware or device counts) are kept.", "",
             "| " + " | ".join(RESULTS_COLUMNS) + " |", "|" + "---|" * len(RESULTS_COLUMNS)]
     body += [rows[k] for k in sorted(rows, key=lambda k: (k[0], k[1], int(k[2]), k[3]))]
+    if check is not None:
+        body += ["", f"Checked by this run (--max-gap): {check}."]
     record_results(RESULTS_SECTION, "\n".join(body))
 
 

@@ -3,6 +3,8 @@ memory, keeps the shard geometry contract and reports a lower bound <= its objec
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from neocfg.errors import InfeasibleError
@@ -14,6 +16,7 @@ from neocfg.planner.ilp_problem import IlpProblem
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.options import all_options
 from neocfg.planner.pipeline import plan_placement
+from neocfg.planner.types import PlacementSource
 from neocfg.types import ShardingType
 
 from conftest import compose_cfg
@@ -195,3 +198,39 @@ def test_placement_source_covers_every_value():
     from neocfg.planner.types import PlacementSource
 
     assert set(PLACEMENT_SOURCES) | {"given"} == {s.value for s in PlacementSource}
+
+
+# Presets whose 16- and 128-device plans take seconds; prod_856 and prod_4096 take tens of seconds each and are checked
+# by bench/bench_planner.py --devices 16 128 --max-gap 0.02 (bench/RESULTS.md, "Planner bound and gaps").
+CHEAP_PRESETS = ["criteo_kaggle", "criteo_tb_mlperf_v1", "dcnv2_mlperf", "dlrm_tiny"]
+
+
+@pytest.mark.parametrize("hardware", ["zionex_2node", "zionex_16node"])
+@pytest.mark.parametrize("model", CHEAP_PRESETS)
+def test_presets_close_to_two_percent_at_the_default_time_limit(model, hardware):
+    cfg = compose_cfg([f"model={model}", f"hardware={hardware}"])
+    s = plan_placement(cfg).solver
+    assert s.gap <= 0.02, s
+    assert s.lower_bound_ms <= s.objective_ms
+
+
+def test_a_spent_time_limit_keeps_the_warm_start_and_runs_no_model(monkeypatch):
+    # Every phase shares planner.time_limit_s, enumerating the options included: planning that begins with it used up
+    # (here: started a whole limit ago) hands back the warm start with the combinatorial bound and starts no solver.
+    from neocfg.planner import ilp
+    from neocfg.planner.bounds import lower_bound
+    from neocfg.planner.fixed import FixedCosts
+
+    def no_solver(*args, **kwargs):
+        raise AssertionError("a solver was started after the time limit")
+
+    monkeypatch.setattr(ilp, "run_model", no_solver)
+    monkeypatch.setattr(ilp, "solve_flat", no_solver)
+    for path in ("planner.exact_max_variables=0", "planner.exact_max_variables=100000000"):
+        cfg = compose_cfg(["model=criteo_kaggle", "hardware=zionex_2node", path])
+        cost = CostModel.from_config(cfg)
+        options = all_options(cfg, cost)
+        s = ilp.solve_ilp(cfg, cost, options, started=time.perf_counter() - cfg.planner.time_limit_s)
+        assert s.placement_source is PlacementSource.warm_start
+        assert s.lower_bound_ms == lower_bound(cost.topo, options, FixedCosts.of(cost))
+        assert s.seconds >= cfg.planner.time_limit_s

@@ -36,10 +36,13 @@ def var(prob: pulp.LpProblem, name: str, cat: str = "Continuous", low: Optional[
 
 
 def row(prob: pulp.LpProblem, terms: Iterable[tuple[pulp.LpVariable, float]], sense: int, rhs: float,
-        name: Optional[str] = None) -> None:
+        name: Optional[str] = None) -> pulp.LpConstraint:
     """Add sum(coef x var) <sense> rhs to `prob` in one go (no intermediate expressions: lpSum over c * x builds one
-    per product, which dominates building models with a million nonzeros). Each variable at most once in terms."""
-    prob.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(list(terms)), sense=sense, rhs=rhs, name=name))
+    per product, which dominates building models with a million nonzeros). Each variable at most once in terms.
+    Returns the row (the model holds this object: changeRHS on it changes the model)."""
+    constraint = pulp.LpConstraint(pulp.LpAffineExpression(list(terms)), sense=sense, rhs=rhs, name=name)
+    prob.addConstraint(constraint)
+    return constraint
 
 
 def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False) -> MipOutcome:

@@ -6,11 +6,14 @@ in a fraction of a second): the exact model starts from its bound, so it stops o
 of it instead of proving the bound over many alike placements, and is skipped when a plan already is. Large ones
 use the structure (identical devices, symmetric nodes): the aggregated model chooses the options and proves the
 bound, first as its LP relaxation (seconds, where the MIP on thousands of tables finds no solution in minutes; its
-solution is mostly integral: each table's option of the largest value is kept), then as the MIP if the gap is still
+solution is mostly integral: each table's option of the largest value is kept), then, where that choice fills the
+devices' memory so full that it does not pack, again with less memory per device, then as the MIP if the gap is still
 open; each choice is placed largest first (by work, and by memory) onto the least-loaded devices and improved by
 moves and swaps (improve.py). The greedy plan warm-starts the models and is kept when no other plan is better
 (placement_source says which was kept). While the best plan is not within planner.mip_gap of the bound, the time left
-goes to switching the options of the busiest device's tables in each plan found (switch_options). Both models carry the fixed costs (fixed.py), so the reported bound, the
+goes to switching the options of the busiest device's tables in each plan found (switch_options). Every phase,
+enumerating the options included, shares planner.time_limit_s; only while no plan is in hand may a solver run past
+it (MIN_SOLVE_SHARE). Both models carry the fixed costs (fixed.py), so the reported bound, the
 larger of the solvers' and the combinatorial bounds (bounds.py), holds for every plan of the enumerated options; the
 gap is that of the step time (dense part included).
 """
@@ -35,14 +38,17 @@ from neocfg.planner.ilp_flat import solve_flat
 from neocfg.planner.ilp_problem import MIN_SOLVE_S, IlpProblem, Options, run_model
 from neocfg.planner.improve import improve
 from neocfg.planner.loads import DeviceLoads
-from neocfg.planner.types import (Placement, PlacementSource, ShardingOption, SolveResult, Spread, Storage,
-                                  Topology)
+from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Spread, Topology
 
 # (fraction of the memory capacity the aggregated model may use, largest piece share), tried in turn when placing
 # the chosen pieces runs into fragmentation (the aggregate only knows total memory). With a piece share < 1, options
 # whose piece needs more than that share of a device's memory are left out (smaller pieces pack; the last resort of
 # memory-tight models).
-AGGREGATE_STEPS = ((1.0, 1.0), (0.97, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
+AGGREGATE_STEPS = ((1.0, 1.0), (0.9, 1.0), (0.9, 0.5), (0.85, 0.25))
+# A full-model choice whose pieces take more than this share of all devices' memory (either tier) may not pack: while
+# the gap is open, the next of AGGREGATE_STEPS is tried. prod_4096 x 128: the full model's choice fills 99.8% of HBM
+# and places at 2x its bound (embedding part), at 95% of the memory 1.2x, at 90% within 0.3%.
+PACKING_FILL = 0.95
 # A gap below this is the solvers' tolerance (cbc.SOLVER_BOUND_SLACK), reported as optimal.
 OPTIMAL_GAP = 1e-4
 # Up to this many tables the warm start also tries one greedy plan per collective group (a few ms per table each).
@@ -66,13 +72,6 @@ def placement_variables(topo: Topology, options: Options) -> int:
     per = {Spread.one: topo.world, Spread.distinct: topo.world, Spread.node_distinct: topo.world + topo.nodes,
            Spread.node: topo.nodes, Spread.world: 1}
     return sum(1 if o.fixed_ranks is not None else per[o.spread] for opts in options for o in opts)
-
-
-def _small_pieces(p: IlpProblem, share: float) -> list[list[ShardingOption]]:
-    def fraction(o: ShardingOption) -> float:
-        return max(o.storage.hbm / max(p.capacity.hbm, 1), o.storage.host / max(p.capacity.host, 1))
-
-    return [[o for o in opts if fraction(o) <= share] or [min(opts, key=fraction)] for opts in p.options]
 
 
 def place_chosen(p: IlpProblem, picked: Sequence[ShardingOption]) -> Optional[list[Placement]]:
@@ -106,38 +105,66 @@ def gap_of(p: IlpProblem, makespan: float, bound: float) -> float:
 def solve_decomposed(p: IlpProblem, warm: Optional[Sequence[Placement]], deadline: float) -> Found:
     """The aggregated model, first as its LP relaxation (a bound in seconds where the MIP takes minutes on thousands of
     tables, and a choice: each table's option of the largest value, placed), then, unless the best plan so far is
-    already within planner.mip_gap of the bound, as the MIP until the deadline, warm-started with that plan."""
+    already within planner.mip_gap of the bound, as the MIP until the deadline, warm-started with that plan.
+
+    A choice that fills the devices' memory (more than PACKING_FILL of it) may not pack: its pieces land where there
+    is room rather than where there is time. Then the relaxation is solved again with less memory per device and
+    large pieces left out (AGGREGATE_STEPS, one model whose memory rows are rescaled) before the MIP gets the time
+    left; only the full model's bounds count."""
     found = Found()
     best = list(warm) if warm is not None else None
-    for scale, share in AGGREGATE_STEPS:
-        left = deadline - time.perf_counter()
-        if left < MIN_SOLVE_S:
-            break
-        # With a warm start in hand, building the model counts against the deadline; without one (memory-tight
-        # models, where greedy found no room) the solver gets all the time left once the model is built.
-        timing = dict(deadline=deadline) if warm is not None else dict(time_limit_s=left)
+    agg = dataclasses.replace(p, deadline=deadline, gap=p.gap * AGGREGATE_GAP_SHARE)
+    model = AggregateModel(agg, p.most_capacity)
+
+    def run(scale: float, share: float, relax: bool) -> bool:
+        """Solve at this headroom and keep the plan its choice gives (a run of the full model raises the bound).
+        Returns whether a next step may pack better: the choice found no room or filled the memory."""
+        nonlocal best
         full = scale >= 1.0 and share >= 1.0
-        restricted = dataclasses.replace(p, **timing, options=p.options if share >= 1.0 else _small_pieces(p, share),
-                                         gap=p.gap * AGGREGATE_GAP_SHARE)
-        cap = Storage(int(p.most_capacity.hbm * scale), int(p.most_capacity.host * scale))
-        model = AggregateModel(restricted, cap)
-        for relax in (True, False):
-            out, weight = run_model(restricted, model, None if relax or not full else best, relax=relax)
-            if full:
-                if out.status == "infeasible":
-                    return Found(bound=float("inf"), status="infeasible")
-                found.bound = max(found.bound, restricted.bound_on_makespan(out.bound, weight))
-                found.status = out.status
-            placed = place_chosen(p, model.picked()) if out.objective is not None else None
-            if placed is not None:
-                found.plans.append((placed, PlacementSource.lp_choice if relax else PlacementSource.ilp_choice))
-                best = min([b for b in (best, placed) if b is not None], key=p.makespan)
-            if best is not None and gap_of(p, p.makespan(best), max(found.bound, p.known_bound_ms)) <= p.gap:
-                return found
-            if deadline - time.perf_counter() < MIN_SOLVE_S:
-                break
-        if found.plans:
-            return found
+        model.set_headroom(scale, share)
+        late = dataclasses.replace(agg, late_ok=best is None)
+        out, weight = run_model(late, model, None if relax or not full else best, relax=relax)
+        if full:
+            # (a plan in hand proves the full model feasible: a solver stopped early may still say infeasible)
+            if out.status == "infeasible" and best is None:
+                found.bound, found.status = float("inf"), "infeasible"
+                return False
+            found.bound = max(found.bound, agg.bound_on_makespan(out.bound, weight))
+            found.status = out.status
+        if out.objective is None:
+            return False
+        picked = model.picked()
+        placed = place_chosen(p, picked)
+        if placed is not None:
+            found.plans.append((placed, PlacementSource.lp_choice if relax else PlacementSource.ilp_choice))
+            best = min([b for b in (best, placed) if b is not None], key=p.makespan)
+        return placed is None or model.fill(picked) > PACKING_FILL
+
+    step_s = 0.0   # what the first step took (solving and placing): no step starts with less time left
+
+    def settled() -> bool:
+        return found.bound == float("inf") or (
+            best is not None and gap_of(p, p.makespan(best), max(found.bound, p.known_bound_ms)) <= p.gap)
+
+    def time_left() -> bool:
+        late = dataclasses.replace(agg, late_ok=best is None)
+        return not late.out_of_time() and late.stop_at() - time.perf_counter() >= step_s
+
+    if not time_left():
+        return found
+    t_step = time.perf_counter()
+    tight = run(1.0, 1.0, relax=True)
+    step_s = time.perf_counter() - t_step
+    mip_done = False
+    if not settled() and not tight and time_left():
+        run(1.0, 1.0, relax=False)
+        mip_done = True
+    for scale, share in AGGREGATE_STEPS[1:]:
+        if settled() or not tight or not time_left():
+            break
+        run(scale, share, relax=True)
+    if not mip_done and not settled() and time_left():
+        run(1.0, 1.0, relax=False)
     return found
 
 
@@ -172,14 +199,14 @@ def _greedy_improved(p: IlpProblem, options: Options) -> Optional[list[Placement
         return None
 
 
-def warm_start(p: IlpProblem) -> Optional[list[Placement]]:
+def warm_start(p: IlpProblem, deadline: float) -> Optional[list[Placement]]:
     """The greedy plan improved by local search; up to KIND_WARM_STARTS_MAX_TABLES tables also greedy plans that
     keep to one collective group (every table that has an option of it), which pay one group's latency: the best.
     (Greedy weighs each table alone and so never sees that leaving a kind out saves its collectives.)"""
     found = [_greedy_improved(p, p.options)]
     if len(p.options) <= KIND_WARM_STARTS_MAX_TABLES:
         for kinds, ms in p.fixed.kinds:
-            if ms > 0:
+            if ms > 0 and time.perf_counter() < deadline:
                 found.append(_greedy_improved(p, [[o for o in opts if o.sharding in kinds] or list(opts)
                                                   for opts in p.options]))
     found = [f for f in found if f is not None]
@@ -217,24 +244,27 @@ def switch_options(p: IlpProblem, plan: Sequence[Placement], bound: float, deadl
     return best
 
 
-def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResult:
-    t0 = time.perf_counter()
+def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options, started: Optional[float] = None) -> SolveResult:
+    """started: time.perf_counter() when planning began (the options enumerated before count against
+    planner.time_limit_s, which every phase here shares: warm start, models, placing, switching options)."""
+    t0 = time.perf_counter() if started is None else started
     pl = cfg.planner
+    deadline = t0 + pl.time_limit_s
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
                    fixed=FixedCosts.of(cost), solver=pl.solver, rank_capacity=cost.rank_capacity)
     p = dataclasses.replace(p, known_bound_ms=lower_bound(p.topo, options, p.fixed))
     t_warm = time.perf_counter()
-    warm = warm_start(p)
+    warm = warm_start(p, deadline)
     warm_s = time.perf_counter() - t_warm
     flat = placement_variables(p.topo, options) <= pl.exact_max_variables
     candidates = [(warm, PlacementSource.warm_start)] if warm is not None else []
     if flat:
         # the aggregated MIP first (a fraction of the time limit): its bound lets the exact model stop at the gap
         agg = dataclasses.replace(p, time_limit_s=max(MIN_SOLVE_S, AGGREGATE_SHARE * pl.time_limit_s),
-                                  gap=p.gap * AGGREGATE_GAP_SHARE)
-        agg_bound, agg_plan = aggregate_bound(agg, warm)
+                                  gap=p.gap * AGGREGATE_GAP_SHARE, deadline=deadline, late_ok=warm is None)
+        agg_bound, agg_plan = aggregate_bound(agg, warm) if not agg.out_of_time() else (0.0, None)
         if agg_plan is not None:
             candidates.append((agg_plan, PlacementSource.ilp_choice))
         bound, status = max(agg_bound, p.known_bound_ms), "feasible"
@@ -242,15 +272,16 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
         if bound == float("inf"):
             status = "infeasible"
         elif best is None or gap_of(p, p.makespan(best), bound) > p.gap:
-            exact = dataclasses.replace(p, deadline=t0 + pl.time_limit_s, known_bound_ms=bound)
-            placed, flat_bound, status = solve_flat(exact, best)
-            bound = max(bound, flat_bound)
-            if placed is not None:
-                candidates.append((placed, PlacementSource.ilp))
+            exact = dataclasses.replace(p, deadline=deadline, known_bound_ms=bound, late_ok=best is None)
+            if not exact.out_of_time():
+                placed, flat_bound, status = solve_flat(exact, best)
+                bound = max(bound, flat_bound)
+                if placed is not None:
+                    candidates.append((placed, PlacementSource.ilp))
         else:
             status = "optimal"
     else:
-        out = solve_decomposed(p, warm, t0 + pl.time_limit_s - PLACEMENT_RESERVE * warm_s)
+        out = solve_decomposed(p, warm, deadline - PLACEMENT_RESERVE * warm_s)
         candidates += out.plans
         bound, status = out.bound, out.status
     # the warm start first: it is kept unless another plan is strictly better
@@ -260,7 +291,9 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options) -> SolveResu
     if gap_of(p, min(p.makespan(c) for c, _ in candidates), bound) > p.gap:
         # the time left on switching options of the busiest device, from each plan found (best first)
         for plan, source in sorted(candidates, key=lambda cs: p.makespan(cs[0])):
-            candidates.append((switch_options(p, plan, bound, t0 + pl.time_limit_s), source))
+            if time.perf_counter() >= deadline:
+                break
+            candidates.append((switch_options(p, plan, bound, deadline), source))
     best, source = min(candidates, key=lambda cs: p.makespan(cs[0]))
     makespan = p.makespan(best)
     gap = gap_of(p, makespan, bound)

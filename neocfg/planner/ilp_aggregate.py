@@ -48,6 +48,8 @@ class AggregateModel:
     prob: pulp.LpProblem = field(default_factory=lambda: pulp.LpProblem("neocfg_aggregate", pulp.LpMinimize))
     xs: list[list[pulp.LpVariable]] = field(default_factory=list)
     levels: list[tuple[int, pulp.LpVariable]] = field(default_factory=list)
+    # the memory rows and their right-hand sides at full capacity: set_headroom scales them
+    memory_rows: list[tuple[pulp.LpConstraint, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         prob, p, cap, w = self.prob, self.p, self.capacity, self.p.topo.world
@@ -70,18 +72,44 @@ class AggregateModel:
         row(prob, [(self.Uh, 1.0)] + [(x, -hbm[id(o)]) for x, o in uniform], EQ, 0.0, "uniform_hbm")
         row(prob, [(self.Us, 1.0)] + [(x, -host[id(o)]) for x, o in uniform], EQ, 0.0, "uniform_host")
         row(prob, self._base_terms() + [(x, -o.total_work / w) for x, o in self.placed], GE, self.base_ms, "average")
-        row(prob, [(x, hbm[id(o)] * o.num_pieces) for x, o in self.pairs], LE, float(w), "hbm_total")
-        row(prob, [(x, host[id(o)] * o.num_pieces) for x, o in self.pairs], LE, float(w), "host_total")
-        row(prob, [(self.Uh, 1.0)], LE, 1.0, "uniform_hbm_fits")
-        row(prob, [(self.Us, 1.0)], LE, 1.0, "uniform_host_fits")
+        self._memory_row([(x, hbm[id(o)] * o.num_pieces) for x, o in self.pairs], float(w), "hbm_total")
+        self._memory_row([(x, host[id(o)] * o.num_pieces) for x, o in self.pairs], float(w), "host_total")
+        self._memory_row([(self.Uh, 1.0)], 1.0, "uniform_hbm_fits")
+        self._memory_row([(self.Us, 1.0)], 1.0, "uniform_host_fits")
         for t, opts in enumerate(p.options):
             mine = [(x, o) for x, o in zip(self.xs[t], opts) if not o.is_uniform]
             if not mine:
                 continue
             row(prob, self._base_terms() + [(x, -o.perf.total) for x, o in mine], GE, self.base_ms, f"piece_{t}")
-            row(prob, [(self.Uh, 1.0)] + [(x, hbm[id(o)]) for x, o in mine], LE, 1.0, f"piece_hbm_{t}")
-            row(prob, [(self.Us, 1.0)] + [(x, host[id(o)]) for x, o in mine], LE, 1.0, f"piece_host_{t}")
+            self._memory_row([(self.Uh, 1.0)] + [(x, hbm[id(o)]) for x, o in mine], 1.0, f"piece_hbm_{t}")
+            self._memory_row([(self.Us, 1.0)] + [(x, host[id(o)]) for x, o in mine], 1.0, f"piece_host_{t}")
         self._add_piece_levels()
+
+    def _memory_row(self, terms: list[tuple[pulp.LpVariable, float]], rhs: float, name: str) -> None:
+        self.memory_rows.append((cbc.row(self.prob, terms, LE, rhs, name), rhs))
+
+    def set_headroom(self, scale: float, share: float) -> None:
+        """Use only `scale` of every device's memory, and leave out options whose piece needs more than `share` of
+        it (each table keeps its smallest): what placing the choice needs when the model's total-memory rows let it
+        fill the devices so full that the pieces no longer pack. (1, 1): the model as built, whose optimum bounds
+        every plan."""
+        for constraint, rhs in self.memory_rows:
+            constraint.changeRHS(rhs * scale)
+        for t, opts in enumerate(self.p.options):
+            fraction = [self._fraction(o) for o in opts]
+            smallest = min(range(len(opts)), key=fraction.__getitem__)
+            for j, x in enumerate(self.xs[t]):
+                x.upBound = 1 if fraction[j] <= share or j == smallest else 0
+
+    def _fraction(self, o: ShardingOption) -> float:
+        """The largest share of a device's memory (of either tier) one piece of the option needs."""
+        return max(_share(o.storage.hbm, self.capacity.hbm), _share(o.storage.host, self.capacity.host))
+
+    def fill(self, chosen: Sequence[ShardingOption]) -> float:
+        """The largest share of all devices' memory (of either tier) these options' pieces take together."""
+        w = self.p.topo.world
+        return max(sum(_share(o.storage.hbm, self.capacity.hbm) * o.num_pieces for o in chosen) / w,
+                   sum(_share(o.storage.host, self.capacity.host) * o.num_pieces for o in chosen) / w)
 
     @property
     def base_ms(self) -> float:

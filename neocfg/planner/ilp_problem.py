@@ -17,8 +17,8 @@ from neocfg.types import MipSolver, ShardingType
 Options = Sequence[Sequence[ShardingOption]]
 # The shortest time limit a solver is started with (CBC takes whole seconds).
 MIN_SOLVE_S = 1.0
-# A solver always gets at least this share of planner.time_limit_s, even when building the model (or a failed warm
-# start) used up the deadline: a plan somewhat late is better than none on memory-tight models.
+# While no plan is in hand (late_ok), the deadline moves by this share of planner.time_limit_s: a plan somewhat late
+# is better than none on memory-tight models.
 MIN_SOLVE_SHARE = 0.25
 
 
@@ -38,6 +38,8 @@ class IlpProblem:
     solver: MipSolver = MipSolver.cbc
     # time.perf_counter() by which the solver must stop (model building counts against it); None: time_limit_s
     deadline: Optional[float] = None
+    # No plan is in hand yet: the solver may run MIN_SOLVE_SHARE of time_limit_s past the deadline.
+    late_ok: bool = False
     # A proven lower bound on the makespan found elsewhere (the aggregated model's, before the exact model runs): the
     # exact model starts from it, so its solver can stop once a plan is within the gap of it.
     known_bound_ms: float = 0.0
@@ -55,13 +57,21 @@ class IlpProblem:
             return self.capacity
         return Storage(max(c.hbm for c in self.rank_capacity), max(c.host for c in self.rank_capacity))
 
+    def stop_at(self) -> float:
+        """time.perf_counter() by which to stop: the deadline, later by MIN_SOLVE_SHARE of time_limit_s while no
+        plan is in hand (late_ok)."""
+        start = self.deadline if self.deadline is not None else time.perf_counter() + self.time_limit_s
+        return start + (MIN_SOLVE_SHARE * self.time_limit_s if self.late_ok else 0.0)
+
+    def out_of_time(self) -> bool:
+        """Too little time is left to start a solver (MIN_SOLVE_S before stop_at)."""
+        return self.deadline is not None and self.stop_at() - time.perf_counter() < MIN_SOLVE_S
+
     def seconds_left(self) -> float:
-        """The solver's time limit: time_limit_s, or what is left until the deadline (at least MIN_SOLVE_S and
-        MIN_SOLVE_SHARE of time_limit_s)."""
+        """The solver's time limit: time_limit_s, or what is left until stop_at (at least MIN_SOLVE_S)."""
         if self.deadline is None:
             return self.time_limit_s
-        return max(MIN_SOLVE_S, MIN_SOLVE_SHARE * self.time_limit_s,
-                   min(self.time_limit_s, self.deadline - time.perf_counter()))
+        return max(MIN_SOLVE_S, min(self.time_limit_s, self.stop_at() - time.perf_counter()))
 
     def makespan(self, placements: Sequence[Placement]) -> float:
         """The busiest device's embedding time (ms), fixed costs included: the step time less the dense part."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import InfeasibleError
 from neocfg.plan import Plan
@@ -16,13 +18,14 @@ from neocfg.types import PlannerAlgorithm
 
 
 def solve(cfg: NeocfgConfig, cost: CostModel) -> SolveResult:
+    started = time.perf_counter()   # planner.time_limit_s counts from here: enumerating the options is planning too
     options = all_options(cfg, cost)
     names = [t.name for t in cfg.model.tables]
     if cfg.planner.algorithm is PlannerAlgorithm.greedy:
         return solve_greedy(cost.topo, cost.capacity, options, names, FixedCosts.of(cost))
     from neocfg.planner.ilp import solve_ilp
 
-    return solve_ilp(cfg, cost, options)
+    return solve_ilp(cfg, cost, options, started=started)
 
 
 def verify(cost: CostModel, result: SolveResult) -> None:
