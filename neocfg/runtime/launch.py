@@ -207,6 +207,12 @@ def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s:
         out = fn(env, *args)
         _report(results, local_rank, "ok", out)
         dist.destroy_process_group()
+        # The outcome is on disk: skip interpreter teardown, where a library thread still joinable at exit can
+        # abort the process (std::terminate, SIGABRT) after a successful run.
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     except NeocfgError as exc:
         _report(results, local_rank, "error", (type(exc).__name__, str(exc), exc.exit_code))
         os._exit(exc.exit_code)  # skip interpreter teardown: the other ranks may be blocked in a collective
