@@ -81,7 +81,9 @@ def test_prod_like_trains_through_dpp_with_the_planned_worker_hosts(cli, tmp_pat
     said = [line for line in r.stdout.splitlines() if line.startswith("DPP: the plan sizes")]
     assert len(said) == 1 and "dpp_c64_nic25 worker host(s)" in said[0] and "local worker processes per rank" in \
         said[0], r.stdout
-    assert "warning" not in r.stdout
+    # No DPP warning. A 3-step run's timing on a shared machine may be far off the estimate; that warning is allowed.
+    warned = [line for line in r.stdout.splitlines() if "warning" in line and "off the estimate" not in line]
+    assert not warned, r.stdout
     m = json.loads(sorted((tmp_path / "outputs").rglob("metrics.json"))[-1].read_text())
     assert all(d["dpp.workers_source"] == "planner" for d in m["data_per_rank"])
     assert m["duplicate_samples"] == 0 and m["samples_delivered"] == 2 * 3 * 64
