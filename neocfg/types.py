@@ -6,6 +6,7 @@ Member names are the spellings users write in YAML and that appear in plan.json,
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 
 
 class Mode(Enum):
@@ -195,19 +196,28 @@ class FilterCmp(Enum):
     ge = "ge"
 
 
-class DppBackendKind(Enum):
-    """Where DPP workers run: local processes per trainer rank (default), inline in the trainer process (no
-    parallelism), or Ray actors under one job-wide master actor (workers on any host of a Ray cluster)."""
-
-    local = "local"
-    inline = "inline"
-    ray = "ray"
+class _BackendKinds(Enum):
+    """Where DPP workers run: one member per backend module in neocfg/data/dpp/backends/ (local processes per trainer
+    rank, the default; inline in the trainer process, no parallelism; Ray actors under one job-wide master actor; and
+    any backend added there as one module)."""
 
     @property
     def job_wide(self) -> bool:
         """One service for the whole job (a master shared by every rank, split indices over the whole dataset), or
-        one per rank over that rank's share of the splits."""
-        return self is DppBackendKind.ray
+        one per rank over that rank's share of the splits: what the backend's module declares."""
+        from neocfg.data.dpp.backends import backend_of
+
+        return backend_of(self).job_wide
+
+
+def _backend_names() -> list[str]:
+    """The backend modules, found without importing them."""
+    found = Path(__file__).parent / "data" / "dpp" / "backends"
+    return sorted(p.stem for p in found.glob("*.py") if not p.stem.startswith("_"))
+
+
+DppBackendKind = _BackendKinds("DppBackendKind", [(n, n) for n in _backend_names()],  # type: ignore[misc]
+                               module=__name__, qualname="DppBackendKind")
 
 
 class SweepMetric(Enum):

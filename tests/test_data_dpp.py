@@ -83,7 +83,7 @@ def test_sigkill_worker_mid_epoch_still_exactly_once_and_noticed_fast(dataset):
         while not backend.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)
         wid, task = next(iter(backend.in_flight.items()))
-        victim = backend.workers[wid].proc.pid
+        victim = backend.pool.pid(wid)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         rest = drain(svc.clients)
@@ -93,7 +93,7 @@ def test_sigkill_worker_mid_epoch_still_exactly_once_and_noticed_fast(dataset):
     assert len(ids) == len(set(ids.tolist())), "a sample was delivered twice"
     assert set(ids.tolist()) == labeled_ids(Path(dataset.dsi.path)), "a sample was lost"
     assert stats.worker_restarts == 1 and stats.workers == 2
-    assert len(deaths) == 1 and deaths[0].pid == victim and "exit code -9" in deaths[0].reason
+    assert len(deaths) == 1 and deaths[0].wid == wid and "exit code -9" in deaths[0].reason
     assert deaths[0].noticed_at - killed_at < 1.0  # noticed within a second
 
 
@@ -312,7 +312,7 @@ def test_a_failed_master_is_reported_to_clients_at_once(dataset):
         def broken() -> None:
             raise RuntimeError("lost its state")
 
-        svc.backend._assign = broken
+        svc.backend.loop._assign = broken
         t0 = time.monotonic()
         with pytest.raises(DataError, match="DPP master failed: RuntimeError: lost its state"):
             for _ in range(10_000):

@@ -114,7 +114,7 @@ def test_ranks_fetch_without_waiting_for_each_other_and_checkpoint_a_look_ahead_
                       resources=WorkerResources(cpus=0.5, memory_bytes=2**28))
     count = WorkerCount(2, 2, WorkerCountSource.fixed)
     srcs = [DppSource(setup, DppBackendKind.ray, count, client=c,
-                      ray_options={"ray": replace(opts, owner=c == 0, client=c)}) for c in (0, 1)]
+                      options=replace(opts, owner=c == 0, client=c)) for c in (0, 1)]
     trained: list[np.ndarray] = []
     marks = []
     try:

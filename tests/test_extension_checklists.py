@@ -98,3 +98,116 @@ def test_a_tier_without_its_tier_entry_is_refused_at_import(tmp_path):
     res = subprocess.run([sys.executable, "-c", "import neocfg.tiers"], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode != 0 and "every MemoryTier needs a Tier" in res.stderr
+
+
+# ---- a DPP backend: one module in neocfg/data/dpp/backends/ and one preset in conf/dsi/ ----------------------------
+TOY_BACKEND = '''"""`dsi.backend=threads`: DPP workers as threads of each trainer's process, one service per rank."""
+
+import queue
+import threading
+
+from neocfg.data.dpp.backends import Backend
+from neocfg.data.dpp.loop import EventKind, InProcessService, PoolEvent
+from neocfg.data.dpp.worker import SplitReader
+from neocfg.errors import DataError
+
+
+class ThreadPool:
+    what = "worker threads"
+
+    def __init__(self, spec):
+        self.spec, self.inbox, self.events, self.next_wid = spec, {}, queue.Queue(), 0
+
+    def spawn(self):
+        wid, self.next_wid = self.next_wid, self.next_wid + 1
+        self.inbox[wid] = queue.Queue()
+        threading.Thread(target=self._work, args=(wid, self.inbox[wid]), daemon=True).start()
+        return wid
+
+    def _work(self, wid, inbox):
+        reader = SplitReader(self.spec)
+        self.events.put(PoolEvent(EventKind.ready, wid))
+        while (task := inbox.get()) is not None:
+            try:
+                result = reader.process(task)
+            except DataError as exc:
+                self.events.put(PoolEvent(EventKind.failed, wid, message=str(exc)))
+            else:
+                self.events.put(PoolEvent(EventKind.done, wid, meta=result.meta(), payload=result))
+        reader.close()
+
+    def send(self, wid, task):
+        self.inbox[wid].put(task)
+
+    def poll(self, timeout_s):
+        try:
+            got = [self.events.get(timeout=timeout_s)]
+        except queue.Empty:
+            return []
+        while not self.events.empty():
+            got.append(self.events.get_nowait())
+        return got
+
+    def kill(self, wid):
+        self.inbox.pop(wid).put(None)
+
+    def close(self):
+        for wid in list(self.inbox):
+            self.kill(wid)
+
+
+BACKEND = Backend(job_wide=False,
+                  make=lambda setup, options: InProcessService(setup, ThreadPool(setup.spec), tick_s=0.05, wake_s=0.05))
+'''
+# 64 steps x 64 samples per rank: about 4 passes over a rank's ~990 samples.
+THREADS_PER_RANK, STEPS = 2, 64
+
+
+def _package_with_toy_backend(root: Path) -> Path:
+    """A copy of the package and conf/ with the toy backend added as docs/architecture.md says: its module, its
+    preset (parquet_local's settings with dsi.backend=threads)."""
+    shutil.copytree(REPO / "neocfg", root / "neocfg", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "conf", root / "conf")
+    (root / "neocfg" / "data" / "dpp" / "backends" / "threads.py").write_text(TOY_BACKEND)
+    preset = (REPO / "conf" / "dsi" / "parquet_local.yaml").read_text()
+    assert preset.count("backend: local\n") == 1 and preset.count("name: parquet_local\n") == 1
+    (root / "conf" / "dsi" / "threads.yaml").write_text(
+        preset.replace("backend: local\n", "backend: threads\n").replace("name: parquet_local\n", "name: threads\n"))
+    return root
+
+
+def test_a_toy_dpp_backend_trains_every_sample_exactly_once_per_epoch(tmp_path):
+    from data_helpers import labeled_ids
+    from neocfg.data.dpp.progress import DeliveryLog
+    from neocfg.data.dpp_source import AUDIT_ENV
+
+    import numpy as np
+
+    root = _package_with_toy_backend(tmp_path / "src")
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "NEOCFG_DEBUG"}
+    env.update(PYTHONPATH=str(root), **{AUDIT_ENV: str(audit)})
+
+    def neocfg(*args: str) -> subprocess.CompletedProcess:
+        res = subprocess.run([sys.executable, "-m", "neocfg", *args, "dsi=threads", "dsi.path=ds"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stderr
+        return res
+
+    neocfg("mode=gen_data", "dsi.num_samples=2000", "dsi.eval_samples=500")
+    neocfg("mode=train", f"train.steps={STEPS}", "train.batch_size=64", "train.eval_batches=1",
+           "planner.algorithm=greedy", f"dsi.workers={2 * THREADS_PER_RANK}", "hydra.run.dir=run")
+    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert m["dpp"]["backend"] == "threads"
+    assert [d["dpp.workers"] for d in m["data_per_rank"]] == [THREADS_PER_RANK] * 2
+    logs = [DeliveryLog.read(f) for f in sorted(audit.glob("rank*.bin"))]
+    assert len(logs) == 2 and all(len(x) >= STEPS * 64 for x in logs)
+    pairs = np.concatenate(logs)
+    epochs = sorted(set(pairs[:, 0].tolist()))
+    assert epochs == list(range(len(epochs))) and len(epochs) >= 4, epochs
+    want = labeled_ids(tmp_path / "ds")
+    for e in epochs[:-2]:  # each rank's service counts its own epochs: the last two may be under way in one
+        ids, counts = np.unique(pairs[pairs[:, 0] == e, 1], return_counts=True)
+        assert counts.max() == 1, f"epoch {e}: {int((counts > 1).sum())} samples delivered twice"
+        assert set(ids.tolist()) == want, f"epoch {e}: {len(want - set(ids.tolist()))} samples lost"

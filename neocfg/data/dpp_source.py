@@ -28,11 +28,12 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.data.dataset import FeatureColumns, dataset_splits, open_dataset, rank_splits, resolve_location
 from neocfg.data.dpp.master import ServiceLimits, ServiceSetup
 from neocfg.data.dpp.progress import ClientMark, DeliveryLog, Position
+from neocfg.data.dpp.backends import backend_of
 from neocfg.data.dpp.service import DppService, make_backend
 from neocfg.data.dpp.sizing import PlannedDpp, WorkerCount, WorkerCountSource, worker_count
 from neocfg.data.dpp.worker import WorkerSpec
 from neocfg.data.transforms import bind
-from neocfg.errors import ConfigError, DataError
+from neocfg.errors import DataError
 from neocfg.types import DppBackendKind, TransformOp
 
 # Key of the DPP position inside state_dict(), and of the kind of position it is: a job-wide one (Ray: split
@@ -52,16 +53,17 @@ class DppSource:
     """A BatchSource backed by a DPP service with one client (this rank)."""
 
     def __init__(self, setup: ServiceSetup, kind: DppBackendKind, workers: WorkerCount, *, client: int = 0,
-                 ray_options: Optional[dict[str, Any]] = None, log: Optional[Path] = None) -> None:
-        """`log`: the file of this rank's DeliveryLog (none by default)."""
+                 options: Any = None, log: Optional[Path] = None) -> None:
+        """`options`: what the backend's connect gave this rank (job-wide backends); `log`: the file of this rank's
+        DeliveryLog (none by default)."""
         self.setup, self.kind, self.workers, self.client_index = setup, kind, workers, client
-        self.ray_options, self.log = ray_options or {}, log
+        self.options, self.log = options, log
         self.service: Optional[DppService] = None
         if not kind.job_wide:
             self._start()
 
     def _start(self) -> None:
-        backend = make_backend(self.kind, self.setup, **self.ray_options)
+        backend = make_backend(self.kind, self.setup, self.options)
         self.service = DppService(self.setup, self.kind, clients=[self.client_index], backend=backend).start()
         if self.log is not None:
             self.service.clients[0].log = DeliveryLog(self.log)
@@ -189,17 +191,12 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
                          scope=scope)
     audit = os.environ.get(AUDIT_ENV)
     log = Path(audit) / f"rank{rank}.bin" if audit and not eval else None
-    if not job_wide:
+    backend = backend_of(kind)
+    if backend.connect is None:
         return DppSource(setup, kind, workers, log=log)
-    try:
-        from neocfg.data.dpp.ray_backend import connect
-    except ImportError as exc:
-        raise ConfigError("dsi.backend", "ray", f"needs Ray ({exc}); install it with pip install 'neocfg[ray]'") \
-            from None
-
-    options, warning = connect(d, rank, share or (lambda x: x), sizing, per)
-    _say(rank, warning)
-    return DppSource(setup, kind, workers, client=rank, ray_options={"ray": options}, log=log)
+    options, said = backend.connect(d, rank, share or (lambda x: x), sizing, per)
+    _say(rank, said)
+    return DppSource(setup, kind, workers, client=rank, options=options, log=log)
 
 
 def service_limits(d: DsiConfig, per: int) -> ServiceLimits:

@@ -1,12 +1,13 @@
 """The DPP service interface (DppBackend) and the inline backend.
 
-A backend is a transport around a Master (neocfg/data/dpp/master.py: the policy): it runs the master somewhere,
-starts workers, carries tasks to them and finished splits back. Clients call `pull(client, ...)` for the next
+A backend runs a Master (neocfg/data/dpp/master.py: the policy) somewhere: the backends with workers run the one
+worker loop (neocfg/data/dpp/loop.py) over their transport's pool of workers, which starts workers, carries tasks to
+them and finished splits back. Clients call `pull(client, ...)` for the next
 finished split and report the splits they delivered whole; nothing else crosses to the master per batch. At a
 checkpoint, `position` puts the clients' records (progress.Consumed) together. Backends: `inline` (here: the split
 is processed in the caller, no parallelism: eval sources and tests), `local` (worker processes,
-neocfg/data/dpp/local.py), `ray` (a named master actor per job, worker actors, neocfg/data/dpp/ray_backend.py);
-make_backend is in service.py.
+neocfg/data/dpp/local.py), `ray` (a named master actor per job, worker actors, neocfg/data/dpp/ray_backend.py), each
+declared by a module of neocfg/data/dpp/backends/; make_backend is in service.py.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -42,7 +42,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from neocfg.config.dsi import DsiConfig
 from neocfg.data.arrays import BatchArrays
-from neocfg.data.dpp.master import DataStall, DppStats, Master, ServiceSetup, autoscale_step
+from neocfg.data.dpp.loop import EventKind, PoolEvent, ServiceLoop
+from neocfg.data.dpp.master import DataStall, DppStats, ServiceSetup
 from neocfg.data.dpp.progress import Consumed, Finished, Position, Task
 from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.dpp.worker import Piece, SplitReader, SplitResult, WorkerSpec
@@ -227,165 +228,101 @@ DppWorkerActor = ray.remote(max_restarts=0)(DppWorker)
 
 
 # ---------------------------------------------------------------------------------------------------- master actor
-@dataclass
-class _Worker:
-    wid: int
-    handle: Any
-    ready_ref: Any = None          # the first call (pid): the worker is up once it returns
-    ready: bool = False
-    retiring: bool = False
-    task: Optional[Task] = None
-    meta_ref: Any = None
-    data_ref: Any = None
+class RayPool:
+    """Worker actors (loop.WorkerPool): a worker is ready once its first call returns; a split's metadata and rows
+    come back as two objects, of which the pool reads the metadata and hands on the rows' reference."""
 
+    what = "Ray worker actors"
 
-class RayMasterImpl:
-    """The job's master: the Master policy, worker actors, and the clients' calls (threaded actor)."""
-
-    def __init__(self, setup: ServiceSetup, resources: WorkerResources) -> None:
-        self.setup, self.resources = setup, resources
-        self.master: Master[Any] = Master(setup)
-        self.cond = threading.Condition()
-        self.workers: dict[int, _Worker] = {}
+    def __init__(self, spec: WorkerSpec, resources: WorkerResources) -> None:
+        self.spec, self.resources = spec, resources
+        self.handles: dict[int, Any] = {}
+        self._waiting: dict[int, tuple[Any, Any]] = {}  # wid -> (the ref it is waited on by, the rows' ref or None)
         self._next_wid = 0
-        self._stop = False
-        self._left: set[int] = set()
-        self._reports: dict[int, dict[int, Consumed]] = {}
-        self._positions: dict[int, dict[str, Any]] = {}
-        with self.cond:
-            for _ in range(setup.workers):
-                self._spawn()
-        self._thread = threading.Thread(target=self._run, name="dpp-ray-master", daemon=True)
-        self._thread.start()
 
-    # ---- workers (the loop thread; self.cond held where the Master is touched) -----------------------------------
-    def _spawn(self) -> None:
+    def spawn(self) -> int:
         wid = self._next_wid
         self._next_wid += 1
         handle = DppWorkerActor.options(num_cpus=self.resources.cpus, memory=self.resources.memory_bytes,
-                                        name=None).remote(self.setup.spec)
-        self.workers[wid] = _Worker(wid=wid, handle=handle, ready_ref=handle.pid.remote())
+                                        name=None).remote(self.spec)
+        self.handles[wid] = handle
+        self._waiting[wid] = (handle.pid.remote(), None)
+        return wid
 
-    def _run(self) -> None:
-        try:
-            while True:
-                with self.cond:
-                    if self._stop:
-                        return
-                    self._assign()
-                refs = {}
-                for w in list(self.workers.values()):
-                    if not w.ready and w.ready_ref is not None:
-                        refs[w.ready_ref] = w
-                    elif w.meta_ref is not None:
-                        refs[w.meta_ref] = w
-                done: list = []
-                if refs:  # as soon as one worker is done (it gets its next split), with any others done by then
-                    done, rest = ray.wait(list(refs), num_returns=1, timeout=TICK_S)
-                    if done and rest:
-                        done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
-                else:
-                    time.sleep(TICK_S)
-                for ref in done:
-                    self._finished(refs[ref], ref)
-                with self.cond:
-                    for wid in self.master.overdue(time.monotonic()):
-                        if wid in self.workers:
-                            ray.kill(self.workers[wid].handle, no_restart=True)  # its result fails: requeued
-                    self._autoscale()
-        except Exception as exc:  # noqa: BLE001 - reported to every client as one line
-            with self.cond:
-                self.master.fatal = self.master.fatal or f"DPP master failed: {type(exc).__name__}: {exc}"
-                self.cond.notify_all()
+    def send(self, wid: int, task: Task) -> None:
+        self._waiting[wid] = tuple(self.handles[wid].process.options(num_returns=2).remote(task))
 
-    def _finished(self, w: _Worker, ref: Any) -> None:
-        if ref is w.ready_ref:
+    def poll(self, timeout_s: float) -> list[PoolEvent]:
+        refs = {ref: wid for wid, (ref, _) in self._waiting.items()}
+        if not refs:
+            time.sleep(timeout_s)
+            return []
+        # as soon as one worker is done (it gets its next split), with any others done by then
+        done, rest = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
+        if done and rest:
+            done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+        events = []
+        for ref in done:
+            wid = refs[ref]
+            _, rows = self._waiting.pop(wid)
             try:
-                ray.get(ref)
-                w.ready, w.ready_ref = True, None
+                got = ray.get(ref)
             except RayError as exc:
-                self._gone(w, _reason(exc))
-            return
-        try:
-            meta = ray.get(ref)
-        except RayError as exc:
-            self._gone(w, _reason(exc))
-            return
-        with self.cond:
-            if isinstance(meta, tuple):
-                self.master.failed(w.wid, w.task, meta[1])
-            else:
-                self.master.complete(w.wid, meta, w.data_ref)
-            w.task = w.meta_ref = w.data_ref = None
-            if w.retiring:
-                self._retire(w)
-            self.cond.notify_all()
-
-    def _gone(self, w: _Worker, reason: str) -> None:
-        with self.cond:
-            self.workers.pop(w.wid, None)
-            if w.retiring and w.task is None:
-                return
-            replace_it = self.master.lost(w.wid, reason)
-            if replace_it and not self._stop:
-                self._spawn()
-            self.cond.notify_all()
-
-    def _assign(self) -> None:
-        for w in self.workers.values():
-            if not w.ready or w.task is not None or w.retiring:
+                self.handles.pop(wid, None)
+                events.append(PoolEvent(EventKind.gone, wid, message=_reason(exc)))
                 continue
-            task = self.master.lease(w.wid, time.monotonic(), len(self.workers))
-            if task is None:
-                self.cond.notify_all()  # clients may now see `finished` (or the fatal error)
-                return
-            w.task = task
-            w.meta_ref, w.data_ref = w.handle.process.options(num_returns=2).remote(task)
+            if rows is None:
+                events.append(PoolEvent(EventKind.ready, wid))
+            elif isinstance(got, tuple):
+                events.append(PoolEvent(EventKind.failed, wid, message=got[1]))
+            else:
+                events.append(PoolEvent(EventKind.done, wid, meta=got, payload=rows))
+        return events
 
-    def _autoscale(self) -> None:
-        autoscale_step(self.master, time.monotonic(), list(self.workers.values()), self._spawn, self._retire)
+    def kill(self, wid: int) -> None:
+        self._waiting.pop(wid, None)
+        handle = self.handles.pop(wid, None)
+        if handle is not None:
+            ray.kill(handle, no_restart=True)
 
-    def _retire(self, w: _Worker) -> None:
-        self.workers.pop(w.wid, None)
-        ray.kill(w.handle, no_restart=True)
+    def close(self) -> None:
+        for wid in list(self.handles):
+            self.kill(wid)
+
+
+class RayMasterImpl:
+    """The job's master: the worker loop over worker actors, and the clients' calls (threaded actor)."""
+
+    def __init__(self, setup: ServiceSetup, resources: WorkerResources) -> None:
+        self.setup = setup
+        self.loop = ServiceLoop(setup, RayPool(setup.spec, resources), tick_s=TICK_S, wake_s=PULL_WAKE_S)
+        self.cond = threading.Condition()  # the checkpoint barrier and leaving clients
+        self._left: set[int] = set()
+        self._reports: dict[int, dict[int, Consumed]] = {}
+        self._positions: dict[int, dict[str, Any]] = {}
+        self.loop.start()
 
     # ---- clients (actor threads) -------------------------------------------------------------------------------
     def pull(self, client: int, timeout_s: float, finished: list[Finished], waited: float = 0.0
              ) -> tuple[str, Any, Any, int]:
         """('split', meta, rows ref, complete_below) | ('end', ...) | ('error', message, ...) | ('timeout', ...).
         `finished`: splits the client delivered whole since its last pull; `waited`: seconds it waited meanwhile."""
-        deadline = time.monotonic() + timeout_s
-        with self.cond:
-            self.master.finish(finished)
-            self.master.report_wait(client, waited)
-            if finished:
-                self.cond.notify_all()  # the service may have finished: the other clients' pulls end
-            while True:
-                try:
-                    got = self.master.take()
-                except DataError as exc:
-                    return "error", str(exc), None, 0
-                if got is not None:
-                    self.cond.notify_all()  # room in the buffer
-                    return "split", got[0], got[1], self.master.complete_below()
-                if self.master.finished:
-                    return "end", None, None, 0
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    busy = sum(1 for w in self.workers.values() if w.task is not None)
-                    return "timeout", (f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s); "
-                                       f"{len(self.workers)} Ray workers, {busy} splits in flight"), None, 0
-                self.cond.wait(min(left, PULL_WAKE_S))
+        try:
+            got = self.loop.pull(client, timeout_s, finished, waited)
+        except DataStall as exc:
+            return "timeout", str(exc), None, 0
+        except DataError as exc:
+            return "error", str(exc), None, 0
+        if got is None:
+            return "end", None, None, 0
+        return "split", got.meta, got.payload, got.complete_below
 
     def lost_rows(self, task: Task, reason: str) -> None:
         """A client could not fetch this split's rows (nothing of it was delivered): read it again."""
-        with self.cond:
-            self.master.reread(task, reason)
-            self.cond.notify_all()
+        self.loop.reread(task, reason)
 
     def report_wait(self, client: int, seconds: float) -> None:
-        with self.cond:
-            self.master.report_wait(client, seconds)
+        self.loop.report_wait(client, seconds)
 
     def checkpoint(self, client: int, step: int, record: Consumed, timeout_s: float) -> Optional[dict[str, Any]]:
         """Barrier: once every client sent its record after `step` batches, the job's Position (None on timeout)."""
@@ -396,7 +333,7 @@ class RayMasterImpl:
             while step not in self._positions:
                 if len(self._reports[step]) == self.setup.num_clients:
                     records = self._reports[step]
-                    pos = Position.merge([records[c] for c in sorted(records)], self.master.num_splits)
+                    pos = Position.merge([records[c] for c in sorted(records)], len(self.setup.splits))
                     self._positions = {step: pos.to_state()}
                     self._reports = {s: r for s, r in self._reports.items() if s > step}
                     self.cond.notify_all()
@@ -408,22 +345,20 @@ class RayMasterImpl:
             return self._positions[step]
 
     def stats(self) -> DppStats:
-        with self.cond:
-            s = replace(self.master.counters)
-            s.workers = sum(1 for w in self.workers.values() if not w.retiring)
-            return s
+        return self.loop.stats()
 
     def pid(self) -> int:
         """The master actor's process (benchmarks read its CPU time and memory)."""
         return os.getpid()
 
     def workers_ready(self) -> int:
-        with self.cond:
-            return sum(1 for w in self.workers.values() if w.ready and not w.retiring)
+        return self.loop.workers_ready()
 
     def worker_handles(self, busy_only: bool = False) -> list[Any]:
-        with self.cond:
-            return [w.handle for w in self.workers.values() if w.task is not None or not busy_only]
+        pool: RayPool = self.loop.pool  # type: ignore[assignment]
+        with self.loop.cond:
+            return [pool.handles[w] for w, slot in self.loop.slots.items()
+                    if w in pool.handles and (slot.task is not None or not busy_only)]
 
     def leave(self, client: int) -> None:
         with self.cond:
@@ -436,12 +371,7 @@ class RayMasterImpl:
         with self.cond:
             while len(self._left) < wait_for and time.monotonic() < deadline:
                 self.cond.wait(TICK_S)
-            self._stop = True
-            workers = list(self.workers.values())
-            self.workers.clear()
-        self._thread.join(timeout=2.0)
-        for w in workers:
-            ray.kill(w.handle, no_restart=True)
+        self.loop.stop()
 
 
 # Created with .options(max_concurrency=master_concurrency(num_clients)).

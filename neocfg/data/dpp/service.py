@@ -3,26 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from neocfg.data.dpp.backend import DppBackend, InlineDppService
+from neocfg.data.dpp.backend import DppBackend
+from neocfg.data.dpp.backends import backend_of
 from neocfg.data.dpp.client import DppClient
 from neocfg.data.dpp.master import DppStats, ServiceSetup
 from neocfg.data.dpp.progress import ClientMark, Position
 from neocfg.types import DppBackendKind
 
 
-def make_backend(kind: DppBackendKind, setup: ServiceSetup, **options) -> DppBackend:
-    """`options`: ray=RayOptions for the Ray backend."""
-    if kind is DppBackendKind.inline:
-        return InlineDppService(setup)
-    if kind is DppBackendKind.ray:
-        from neocfg.data.dpp.ray_backend import RayDppService
-
-        return RayDppService(setup, options["ray"])
-    from neocfg.data.dpp.local import LocalDppService
-
-    return LocalDppService(setup)
+def make_backend(kind: DppBackendKind, setup: ServiceSetup, options: Any = None) -> DppBackend:
+    """`options`: what the backend's connect returned (the Ray backend's RayOptions), None for a per-rank one."""
+    return backend_of(kind).make(setup, options)
 
 
 class DppService:
