@@ -40,18 +40,20 @@ from estimate_terms import Kind, train  # noqa: E402
 
 from neocfg.plan import Plan  # noqa: E402
 from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, dense_activations, dense_cost,  # noqa: E402
-                                  dense_flops_and_params, dense_layers)
+                                  dense_flops_and_params, dense_layers, zipf_hit_rate)
 from neocfg.sharding import SCHEMES  # noqa: E402
 from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
 
 DIM = 16
+# Sizes of a rank's processor cache tried by the compute fit, MiB (the per-rank share of an L3 of a few to tens of MiB).
+CACHE_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 def _model(name: str, tables: int, rows: int, pooling: float, bottom: list[int], top: list[int],
-           interaction: str = "dot", **extra) -> dict:
+           interaction: str = "dot", alpha: float = 0.0, **extra) -> dict:
     return {"name": name, "num_dense_features": 13, "bottom_mlp": bottom, "top_mlp": top, "interaction": interaction,
             "tables": [{"name": f"c{i}", "num_embeddings": rows, "embedding_dim": DIM, "pooling_factor": pooling,
-                        "zipf_alpha": 0.0} for i in range(tables)], **extra}
+                        "zipf_alpha": alpha} for i in range(tables)], **extra}
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ def _runs() -> dict[str, CalRun]:
     many = _model("cal_many", 60, 20_000, 8, [32, DIM], [64, 1])
     wide = _model("cal_wide", 300, 10_000, 15, [64, DIM], [128, 1], "dcn", dcn_low_rank_dim=16, dcn_num_layers=1)
     mlp = _model("cal_mlp", 26, 20_000, 1, [512, 256, DIM], [1024, 512, 256, 1])
+    deep = _model("cal_deep", 400, 10_000, 25, [64, DIM], [64, 1], "dcn", dcn_low_rank_dim=16, dcn_num_layers=1)
+    # the same with Zipf-skewed ids (the generator's inverse-CDF path instead of the uniform one)
+    skewed = {**deep, "name": "cal_skewed", "tables": [{**t, "zipf_alpha": 1.1} for t in deep["tables"]]}
     return {
         "few_tw": CalRun(Kind("few", few, steps=200), "table_wise", 256),
         "few_tw_1024": CalRun(Kind("few", few, steps=100), "table_wise", 1024),
@@ -73,8 +78,12 @@ def _runs() -> dict[str, CalRun]:
         "many_tw": CalRun(Kind("many", many, steps=60), "table_wise", 256),
         "many_rw": CalRun(Kind("many", many, steps=60), "row_wise", 256),
         "mlp_tw": CalRun(Kind("mlp", mlp, steps=60), "table_wise", 512),
+        "mlp_rw": CalRun(Kind("mlp", mlp, steps=60), "row_wise", 512),
         "wide_tw": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10",)), "table_wise", 256),
         "wide_rw": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10",)), "row_wise", 256),
+        "deep_tw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
+        "deep_rw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "row_wise", 256),
+        "skewed_tw": CalRun(Kind("skewed", skewed, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
     }
 
 
@@ -118,7 +127,7 @@ def features(run: dict) -> dict:
     cost = CostModel.from_config(cfg)
     plan = Plan.from_dict(run["plan"])
     world, b = plan.world_size, cfg.train.batch_size
-    ranks = [{"groups": set(), "bags": 0.0, "bytes": 0.0, "ids": 0.0, "pieces": 0, "out_ms": 0.0}
+    ranks = [{"groups": set(), "bags": 0.0, "bytes": 0.0, "ids": 0.0, "pieces": 0, "out_ms": 0.0, "lookups": []}
              for _ in range(world)]
     for t in cfg.model.tables:
         tp = plan.table(t.name)
@@ -129,6 +138,7 @@ def features(run: dict) -> dict:
             r["groups"].add((tp.weights_dtype, tp.memory))
             r["bags"] += shape.output_samples
             r["bytes"] += shape.lookup_rows * shape.cols * tp.weights_dtype.bytes
+            r["lookups"].append((shape.lookup_rows * shape.cols * tp.weights_dtype.bytes, t.num_embeddings, t.alpha))
             r["ids"] += shape.lookup_rows
             r["pieces"] += 1
             r["out_ms"] += 2 * cost.comm(t, tp.sharding, shape).bwd_comm   # outputs out, gradients back (fp32)
@@ -136,7 +146,8 @@ def features(run: dict) -> dict:
     c = cfg.planner.costs
     sync = plan.strategies.dense_grad_sync
     ddp = dense_cost(cfg, DenseGradSync.ddp).perf.comm if sync is DenseGradSync.ddp else 0.0
-    return {"ranks": [{**r, "groups": len(r["groups"])} for r in ranks], "batch": b,
+    return {"ranks": [{**r, "groups": len(r["groups"])} for r in ranks], "batch": b, "world": world,
+            "weights": sum(t.num_embeddings * t.embedding_dim * FP32 for t in cfg.model.tables),
             "bags": b * len(cfg.model.tables), "ids": b * sum(t.pooling_factor for t in cfg.model.tables),
             "prefetch_ids": plan.strategies.ids_exchange is IdsExchange.prefetch,
             "kernels": c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels,
@@ -171,21 +182,35 @@ def fit(runs: list[dict]) -> dict:
     def check(term: str, name: str, measured: float, fitted: float) -> None:
         ratios.setdefault(term, []).append(f"{name} {measured:.2f}/{fitted:.2f}")
 
-    # embedding compute, per rank: groups, bags, rows' bytes (ms), less shard_overhead_us per piece
-    rows, ys, names = [], [], []
-    for r in runs:
-        f = feats[r["name"]]
-        for rank, laps in zip(f["ranks"], r["per_rank"]):
-            if rank["pieces"]:
-                rows.append([rank["groups"], rank["bags"], rank["bytes"]])
-                ys.append(laps["emb_fwd"] + laps["emb_bwd"] - rank["pieces"] * f["shard_overhead_ms"])
-                names.append(r["name"])
-    g, bag, byte = _fit(rows, ys)
+    # embedding compute, per rank: groups, bags, rows' bytes served by the cache and the rest (ms), less
+    # shard_overhead_us per piece; the cache's size is the one of CACHE_MIB that fits best
+    best = None
+    for mib in CACHE_MIB:
+        rows, ys, names = [], [], []
+        for r in runs:
+            f = feats[r["name"]]
+            share = min(1.0, mib * 2**20 * f["world"] / f["weights"])
+            for rank, laps in zip(f["ranks"], r["per_rank"]):
+                if rank["pieces"]:
+                    hit = sum(b * (zipf_hit_rate(n, a, share) if share > 0 else 0.0) for b, n, a in rank["lookups"])
+                    rows.append([rank["groups"], rank["bags"], hit, rank["bytes"] - hit])
+                    ys.append(laps["emb_fwd"] + laps["emb_bwd"] - rank["pieces"] * f["shard_overhead_ms"])
+                    names.append(r["name"])
+        coef = _fit(rows, ys)
+        err = float(np.sqrt(np.mean((np.array(rows) @ np.array(coef) / np.array(ys) - 1) ** 2)))
+        if best is None or err < best[0]:
+            best = (err, mib, coef, rows, ys, names)
+    _, mib, (g, bag, cached, byte), rows, ys, names = best
     for n, x, y in zip(names, rows, ys):
-        check("compute", n, y, g * x[0] + bag * x[1] + byte * x[2])
-    fwd_gbs = 1 / (byte / (1 + any_f["bwd_multiplier"])) / 1e6   # ms per byte of forward rows -> GB/s
+        check("compute", n, y, g * x[0] + bag * x[1] + cached * x[2] + byte * x[3])
+
+    def preset_gbs(ms_per_byte: float) -> float:   # forward + backward ms per byte -> the preset's GB/s
+        return 1 / (ms_per_byte / (1 + any_f["bwd_multiplier"])) / 1e6 / any_f["hbm_efficiency"]
+
     out = {"device.tbe_us_per_group": g * 1e3, "device.tbe_ns_per_bag": bag * 1e6,
-           "device.hbm_bandwidth_gbs": fwd_gbs / any_f["hbm_efficiency"]}
+           "device.hbm_bandwidth_gbs": preset_gbs(byte),
+           "device.cache_mib": mib if cached > 0 else 0.0,
+           "device.cache_bandwidth_gbs": preset_gbs(cached) if cached > 0 else None}
     # data, ids exchanged in the step: per batch, sample, bag, id
     rows, ys, names = [], [], []
     for r in runs:
@@ -235,7 +260,7 @@ def fit(runs: list[dict]) -> dict:
         for rank, laps in zip(f["ranks"], r["per_rank"]):
             lat.append((laps["comm_fwd"] + laps["comm_bwd"] - rank["out_ms"] - f["exchange_kernels_ms"]) / 2)
     out["collective_latency_us"] = float(np.median(lat)) * 1e3
-    return {"preset": {key: round(v, 3) for key, v in out.items()}, "measured/fitted": ratios}
+    return {"preset": {key: v if v is None else round(v, 3) for key, v in out.items()}, "measured/fitted": ratios}
 
 
 def main() -> None:

@@ -205,10 +205,14 @@ def main() -> None:
         for run in range(1, a.runs + 1):
             for kind in chosen:
                 for sharding in a.shardings.split(","):
-                    m = train(kind, sharding, conf, Path(tmp) / f"{kind.name}_{sharding}_{run}", a.set)
+                    run_dir = Path(tmp) / f"{kind.name}_{sharding}_{run}"
+                    m = train(kind, sharding, conf, run_dir, a.set)
                     rows = rows_of(m, a.floor, a.tolerance)
+                    # the plan and each rank's laps too: the run can be re-priced under other constants
                     results.append({"kind": kind.name, "sharding": sharding, "run": run, "steps": kind.steps,
-                                    "laps": laps(m), "terms": rows})
+                                    "laps": laps(m), "terms": rows, "per_rank": m.breakdown_ms_per_rank,
+                                    "measured_step_ms": m.measured_step_ms,
+                                    "plan": json.loads((run_dir / "plan.json").read_text())})
                     print(f"{kind.name} {sharding} run {run}: " + "; ".join(
                         f"{row['term']} {row['predicted_ms']:.2f}/{row['measured_ms']:.2f}"
                         + (f" ({row['ratio']:.2f}) {row['verdict']}" if row["ratio"] is not None else "")

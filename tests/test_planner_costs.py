@@ -398,3 +398,36 @@ def test_prefetched_ids_routing_is_data():
     for s, a in zip(step.devices, ahead.devices):
         assert a.comm_ms == approx(s.comm_ms - routing)
         assert a.total_ms == approx(s.total_ms)
+
+
+def test_processor_cache_serves_the_hottest_rows(table):
+    """hardware.device.cache_mib: the cache holds cache_mib x W / the model's fp32 weights of every table's rows (here
+    1,600 B x 8 devices / 64,000 B = 0.2); that Zipf head's lookups read at cache_bandwidth_gbs, the rest at HBM's,
+    on every piece of the table alike; tiers off the device keep their own rates."""
+    mib = 1600 / 2**20
+    cost = CostModel.from_config(round_cfg(TABLE, f"hardware.device.cache_mib={mib}",
+                                           "hardware.device.cache_bandwidth_gbs=10000"))
+    assert cost.cache_fraction == approx(0.2)
+    h = sum(k ** -1.0 for k in range(1, 201)) / sum(k ** -1.0 for k in range(1, 1001))   # zipf_alpha 1.0
+    for sharding, pieces, ids in ((ShardingType.table_wise, 1, 800 * 2), (ShardingType.row_wise, 8, 800 * 2 / 8)):
+        perf, _ = cost.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, pieces)
+        assert perf.fwd_compute == approx(ids * 16 * 4 * (h / 10000e9 + (1 - h) / 1000e9) * 1e3), sharding
+    uvm, _ = cost.piece(table, ShardingType.table_wise, MemoryTier.uvm_caching, WeightsDtype.fp32, 1)
+    assert uvm.fwd_compute == approx(800 * 2 * 16 * 4 * (h / 1000e9 + (1 - h) / 10e9) * 1e3)
+    # uniform ids: the head holds its share of the lookups; twice the weights halve the share
+    flat = CostModel.from_config(round_cfg(TABLE, f"hardware.device.cache_mib={mib}",
+                                           "hardware.device.cache_bandwidth_gbs=10000",
+                                           "model.tables.0.zipf_alpha=0.0"))
+    flat_table = round_cfg(TABLE, "model.tables.0.zipf_alpha=0.0").model.tables[0]
+    perf, _ = flat.piece(flat_table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_compute == approx(800 * 2 * 16 * 4 * (0.2 / 10000e9 + 0.8 / 1000e9) * 1e3)
+    two = CostModel.from_config(round_cfg(TABLE + [("u", 1000, 16, 2)], f"hardware.device.cache_mib={mib}",
+                                          "hardware.device.cache_bandwidth_gbs=10000"))
+    assert two.cache_fraction == approx(0.1)
+
+
+def test_processor_cache_needs_its_rate():
+    from neocfg.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hardware.device.cache_bandwidth_gbs"):
+        round_cfg(TABLE, "hardware.device.cache_mib=4")

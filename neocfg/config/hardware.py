@@ -51,6 +51,12 @@ class DeviceConfig:
     # presets (a thread per bag, hidden in the bytes term). cpu_local: measured in a training step
     # (calibrate_cpu.py --only step_terms).
     tbe_ns_per_bag: float = 0.0
+    # A CPU rank's share of the processor caches, MiB, and the rate of the lookups they serve, GB/s: on device memory a
+    # lookup reads its row from the cache when the row is among the hottest cache_mib x world / the model's fp32
+    # weights of its table (the Zipf hit rate), else at hbm_bandwidth_gbs. 0: no cache (the GPU presets: HBM rows
+    # are read once per lookup). cpu_local: fitted to training steps of uniform and skewed ids (calibrate_step.py).
+    cache_mib: float = 0.0
+    cache_bandwidth_gbs: Optional[float] = None
     # Streaming bandwidth of the device's memory for dense passes (a data-parallel replica's gradient and update,
     # neocfg/runtime/replicated.py), GB/s; unset: hbm_bandwidth_gbs. cpu_local: measured (--only replica_update).
     stream_bandwidth_gbs: Optional[float] = None
@@ -77,6 +83,13 @@ class DeviceConfig:
         if self.tbe_us_per_group is not None:
             checks.non_negative(f"{key}.tbe_us_per_group", self.tbe_us_per_group)
         checks.non_negative(f"{key}.tbe_ns_per_bag", self.tbe_ns_per_bag)
+        checks.non_negative(f"{key}.cache_mib", self.cache_mib)
+        if self.cache_mib > 0 and self.cache_bandwidth_gbs is None:
+            raise ConfigError(f"{key}.cache_bandwidth_gbs", ConfigError.NO_VALUE,
+                              f"required when {key}.cache_mib is above 0 (it is {self.cache_mib}): the rate of the "
+                              "lookups the cache serves, GB/s")
+        if self.cache_bandwidth_gbs is not None:
+            checks.positive(f"{key}.cache_bandwidth_gbs", self.cache_bandwidth_gbs)
         if self.stream_bandwidth_gbs is not None:
             checks.positive(f"{key}.stream_bandwidth_gbs", self.stream_bandwidth_gbs)
         if self.exchange_copy_gbs is not None:

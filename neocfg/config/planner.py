@@ -48,11 +48,11 @@ class CostConstants:
     # Passes over the dense part's activations per training step (every layer's input and output and the
     # interaction's, fp32, per sample), at the device's streaming bandwidth (hardware.device.stream_bandwidth_gbs):
     # the elementwise work a FLOP count misses (activations, their gradients, concatenations, DCN's cross product),
-    # which dominates a wide interaction. Fitted on cpu_local's training steps (bench/calibrate_cpu.py --only
-    # step_terms: 10.4 over 8 runs, 0.5-15 MB of activations per step); on a GPU it is small next to the FLOPs.
-    dense_activation_passes: float = 10.0
+    # which dominates a wide interaction. Fitted on cpu_local's training steps (bench/calibrate_step.py: 15.4 over
+    # five sweeps of its 12 runs, 0.5-30 MB of activations per step); on a GPU it is small next to the FLOPs.
+    dense_activation_passes: float = 15.0
     # Kernels per step of the pooled-output exchange on every device, forward and backward (neocfg/runtime/dist.py
-    # EmbeddingExchange since caaa9d4, counted for the all-to-all kind: cast, reshape, the received pieces gathered
+    # EmbeddingExchange, counted for the all-to-all kind: cast, reshape, the received pieces gathered
     # into the output in one ChunkGather, view forward; the gradient's scale, gather, casts and view backward; about
     # 12). The id routing is its own term (hardware.device.routing_us_per_step).
     embedding_step_kernels: float = 12.0

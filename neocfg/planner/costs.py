@@ -3,7 +3,8 @@
 Notation (per step): B samples per device, W devices (world), P devices per node, G = B x W samples globally,
 L the table's pooling factor, D its dimension, c the columns of a slice, r the rows of a shard.
 
-Compute  lookup bytes / effective bandwidth of the tier (HBM; UVM caching mixes HBM hits and misses read from host DDR
+Compute  lookup bytes / effective bandwidth of the tier (HBM, where a CPU rank's processor cache serves the hottest
+         hardware.device.cache_mib of each table's rows at cache_bandwidth_gbs, `cache_fraction`; UVM caching mixes HBM hits and misses read from host DDR
          over PCIe; host-tier reads the same way: the slower of the PCIe link and the device's share of the host's DDR
          bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward;
          plus hardware.device.tbe_ns_per_bag per bag (output sample) a piece pools and tbe_us_per_group per fused
@@ -109,6 +110,17 @@ def tbe_us_per_group(cfg: NeocfgConfig) -> float:
     return cfg.planner.costs.tbe_kernels_per_group * dev.kernel_overhead_us
 
 
+def cache_fraction(cfg: NeocfgConfig) -> float:
+    """The fraction of every table's hottest rows a device's processor cache holds (hardware.device.cache_mib): its
+    bytes over the device's share of the model's fp32 weights (the model spread evenly over the world), at most 1;
+    0 without a cache."""
+    dev, tables = cfg.hardware.device, cfg.model.tables
+    weights = sum(t.num_embeddings * t.embedding_dim * FP32 for t in tables)
+    if dev.cache_mib <= 0 or weights <= 0:
+        return 0.0
+    return min(1.0, dev.cache_mib * 2**20 * cfg.hardware.num_devices / weights)
+
+
 def data_ms(cfg: NeocfgConfig) -> float:
     """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
     devices: the ranks are the host's cores): per batch, per sample, per id and per bag (a sample's ids of one
@@ -150,6 +162,10 @@ class CostModel:
     tbe_ms_per_bag: float = 0.0          # ... per bag it walks (one sample's ids of one table), forward + backward
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
+    # The processor cache of a CPU rank (hardware.device.cache_mib): the fraction of every table's hottest rows it
+    # holds (cache_fraction) and the rate of the lookups it serves; 0: none (GPUs).
+    cache_fraction: float = 0.0
+    cache_ms_per_byte: float = 0.0
     # Each rank's usable bytes where devices differ (a TorchRec Topology's devices); () = the capacities above on
     # every rank. The heuristics place against the smallest (`capacity`), the exact ILP and the checks per rank.
     rank_capacity: tuple[Storage, ...] = ()
@@ -178,7 +194,10 @@ class CostModel:
             tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3, tbe_ms_per_bag=hw.device.tbe_ns_per_bag / 1e6,
             exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
                                        else 0.0),
-            stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB))
+            stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
+            cache_fraction=cache_fraction(cfg),
+            cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
+                               if hw.device.cache_bandwidth_gbs else 0.0))
 
     @property
     def capacity(self) -> Storage:
@@ -266,7 +285,12 @@ class CostModel:
         pcie = self.host_read_s_per_byte()
         where = TIERS[tier]
         if where.on_device:
-            return hbm * MS
+            if self.cache_fraction <= 0:
+                return hbm * MS
+            # the table's hottest cache_fraction of rows come from the processor cache (hot rows are spread over
+            # its row shards alike: the same hit rate on every piece)
+            h = zipf_hit_rate(table.num_embeddings, table.alpha, self.cache_fraction)
+            return h * self.cache_ms_per_byte + (1 - h) * hbm * MS
         if where.hbm_cache:
             h = zipf_hit_rate(rows, table.alpha, self.cache_ratio)
             return (h * hbm + (1 - h) * pcie) * MS
