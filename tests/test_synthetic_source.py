@@ -11,7 +11,7 @@ import pytest
 
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.source import Prefetcher, SyntheticSource
-from neocfg.data.synthetic import CHUNK_SIZE, ID_BLOCK, SyntheticData, expand, scatter_ranks, zipf_ids
+from neocfg.data.synthetic import CHUNK_SIZE, ID_BLOCK, SyntheticData, bag_sums, expand, scatter_ranks, zipf_ids
 
 DATA = SyntheticData(num_dense=3, rows=(100, 1000, 50, 7), pooling=(1.0, 3.5, 0.3, 2.0),
                      alphas=(1.0, 0.8, 1.3, 1.05), seed=5)
@@ -63,6 +63,26 @@ def test_each_table_keeps_its_own_pooling_rows_and_skew():
 @pytest.mark.parametrize("counts", [[3, 0, 2, 0, 0, 1], [0, 0, 4], [5], [0, 0], []])
 def test_expand_repeats_each_index_its_count_times(counts):
     np.testing.assert_array_equal(expand(np.array(counts, np.int64)), np.repeat(np.arange(len(counts)), counts))
+
+
+@pytest.mark.parametrize("lengths", [[2, 0, 3, 0], [0, 0, 1], [0, 0], [4], [0, 5, 0, 0, 1]])
+def test_bag_sums_add_each_bags_values_and_empty_bags_are_zero(lengths):
+    lengths = np.array(lengths, np.int64)
+    values = np.arange(1, lengths.sum() + 1, dtype=np.float32) ** 2
+    want = [float(values[s:s + n].sum()) for s, n in zip(np.cumsum(lengths) - lengths, lengths)]
+    np.testing.assert_array_equal(bag_sums(values, lengths), want)
+
+
+def test_id_scores_are_uniform_independent_per_table_and_the_same_in_both_forms():
+    ids = np.arange(200_000, dtype=np.int64) * 7
+    a, b = DATA.id_score(0, ids), DATA.id_score(1, ids)
+    assert a.min() >= -1 and a.max() < 1
+    assert abs(float(a.mean())) < 0.01 and float(a.std()) == pytest.approx(1 / math.sqrt(3), rel=0.01)
+    assert abs(np.corrcoef(a, b)[0, 1]) < 0.01            # each table hides its own scores
+    assert abs(np.corrcoef(a[:-1], a[1:])[0, 1]) < 0.01   # neighbouring ids unrelated
+    tables = np.array([1, 0, 1, 1])
+    np.testing.assert_array_equal(DATA.id_score(tables, ids[:4], salts=DATA._tables.salts),
+                                  np.where(tables == 1, b[:4], a[:4]))
 
 
 def test_ids_drawn_block_by_block_follow_each_tables_law_across_blocks():

@@ -119,7 +119,7 @@ def _write(cfg: NeocfgConfig, tmp: Path, plans: list[_FilePlan]) -> Manifest:
         for p in plans:
             writer, start = None, p.first_sample
             for n in p.row_group_rows:
-                with np.errstate(over="ignore"):  # SyntheticData.id_score hashes with wrapping uint64 products
+                with np.errstate(over="ignore"):  # the synthetic hashes multiply wrapping integers
                     table = _row_group(cfg, data, start, n)
                 if writer is None:
                     writer = pq.ParquetWriter(tmp / p.name, table.schema)
