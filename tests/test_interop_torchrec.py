@@ -364,17 +364,13 @@ def test_fused_parameters_reach_the_parameter_sharding():
     assert plan["t3"].cache_params is None and plan["t3"].enforce_hbm is None
 
 
-@pytest.mark.parametrize("field,value,table_kw", [
-    ("key_value_params", "kv", {}), ("device_group", "cpu", {}), ("data_type", None, {"dtype": "INT8"})])
+@pytest.mark.parametrize("field,value,table_kw", [("device_group", "cpu", {}), ("data_type", None, {"dtype": "INT8"})])
 def test_unplannable_tables_are_refused_naming_table_and_field(field, value, table_kw):
     from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
-    from torchrec.distributed.types import KeyValueParams
     from torchrec.modules.embedding_configs import DataType
 
     cons = {}
-    if field == "key_value_params":
-        cons = {"t1": ParameterConstraints(key_value_params=KeyValueParams(l2_cache_size=1))}
-    elif field == "device_group":
+    if field == "device_group":
         cons = {"t1": ParameterConstraints(device_group=value)}
     model = _sparse_nn(dtype=DataType[table_kw["dtype"]]) if table_kw else _sparse_nn()
     with pytest.raises(PlannerError) as e:
@@ -537,3 +533,43 @@ def test_offload_scaleup_proposer_keeps_its_search_space():
     assert chosen(NeocfgShardingPlanner(topo, 512, constraints=cons, proposer=EmbeddingOffloadScaleupProposer())) \
         == expected
     assert chosen(NeocfgShardingPlanner(topo, 512, constraints=cons)) != expected
+
+
+def test_virtual_tables_keep_their_kernel_torchrecs_shards_and_key_value_params():
+    """A virtual (key-value) table is planned in its own kernel with TorchRec's figures: the plan names that kernel,
+    its shards are TorchRec's option's (the whole id space split by rank), the constraint's key-value parameters reach
+    the ParameterSharding, and the plain tables beside it are planned as before."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.types import KeyValueParams
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    ids = 2**50   # a virtual id space no device could hold as rows
+    model = _sparse_nn_of([EmbeddingConfig(num_embeddings=ids, embedding_dim=32, name="v0", feature_names=["fv0"],
+                                           use_virtual_table=True, total_num_buckets=4096),
+                           EmbeddingConfig(num_embeddings=4000, embedding_dim=32, name="t1", feature_names=["f1"])])
+    kv = KeyValueParams(l2_cache_size=16, max_l1_cache_size=32)
+    cons = {"v0": ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["dram_virtual_table"],
+                                       key_value_params=kv)}
+    for estimator in ("torchrec", "neocfg"):
+        planner = NeocfgShardingPlanner(_cuda(world=4, local=4), constraints=cons, estimator=estimator)
+        plan = _shardings(planner.plan(model, [EmbeddingCollectionSharder()]), "sparse.ec")
+        v = plan["v0"]
+        assert v.sharding_type == "row_wise" and v.compute_kernel == "dram_virtual_table", v
+        assert v.key_value_params == kv and sorted(v.ranks) == [0, 1, 2, 3]
+        assert [s.shard_sizes for s in v.sharding_spec.shards] == [[ids // 4, 32]] * 4
+        assert [s.shard_offsets[0] for s in v.sharding_spec.shards] == [i * ids // 4 for i in range(4)]
+        assert plan["t1"].compute_kernel in ("fused", "dense") and plan["t1"].key_value_params is None
+    # neocfg has no model of a virtual kernel: under its own estimator the virtual table is still priced by TorchRec's
+    from neocfg.interop.torchrec import TorchRecTermsCost, stand_in_kernels, torchrec_terms
+    from neocfg.planner.costs import CostModel
+    from neocfg.types import MemoryTier, ShardingType, WeightsDtype
+
+    sharders = [EmbeddingCollectionSharder()]
+    space = stand_in_kernels(planner._search_space(model, sharders))
+    cfg = planner.config(model, sharders)
+    terms = torchrec_terms(space.options, "cuda")
+    cost = TorchRecTermsCost.of(CostModel.from_config(cfg), terms, use_perf=False, theirs=space.tables)
+    perf = {t.name: cost.piece(t, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 4)[0]
+            for t in cfg.model.tables}
+    assert space.tables == {"v0"} and perf["v0"] == terms[("v0", "row_wise", "fused", 0)][0]
+    assert perf["t1"] != terms[("t1", "row_wise", "fused", 0)][0]   # a plain table keeps neocfg's own

@@ -132,13 +132,9 @@ def _refuse(table: str, field: str, value: Any, why: str,
 
 
 def _check_table(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], compute_device: str) -> None:
-    """Refuse, naming the table and the field, what neocfg cannot plan (virtual / key-value tables, a device group
-    other than the topology's compute device, weight types other than fp32 and fp16)."""
-    if getattr(t, "use_virtual_table", False) or (c is not None and c.use_virtual_table):
-        raise _refuse(t.name, "use_virtual_table", True, "is a virtual (key-value) table, which neocfg does not plan")
-    if c is not None and c.key_value_params is not None:
-        raise _refuse(t.name, "key_value_params", c.key_value_params,
-                      "asks for a key-value (SSD / DRAM) table, which neocfg does not plan")
+    """Refuse, naming the table and the field, what neocfg cannot plan (a device group other than the topology's
+    compute device, weight types other than fp32 and fp16). Virtual / key-value tables are planned in their own
+    kernels with TorchRec's figures (stand_in_kernels)."""
     if c is not None and c.device_group is not None and c.device_group != compute_device:
         raise _refuse(t.name, "device_group", c.device_group,
                       f"differs from the topology's compute device {compute_device!r}; neocfg plans one device kind")
@@ -164,15 +160,17 @@ def _pooling(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], batch: in
 
 
 def _table_config(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], options: Sequence[ShardingOption],
-                  batch: int) -> TableConfig:
+                  batch: int, real_kernel: Mapping[tuple[str, str], str]) -> TableConfig:
     """The neocfg table of one module table: its pooling, and the sharding types, memory tiers and column slice
-    counts of TorchRec's enumerated options for it (which already honour the sharders and the constraints)."""
+    counts of TorchRec's enumerated options for it (which already honour the sharders and the constraints;
+    real_kernel: StandIns')."""
     known = {m.value for m in ShardingType}
     usable = [o for o in options if o.sharding_type in known and
               (o.compute_kernel in TIER_OF_KERNEL or o.compute_kernel == DATA_PARALLEL_KERNEL)
               # the constraints again, for an enumerator given without them
               and (c is None or not c.sharding_types or o.sharding_type in c.sharding_types)
-              and (c is None or not c.compute_kernels or o.compute_kernel in c.compute_kernels)]
+              and (c is None or not c.compute_kernels
+                   or real_kernel.get((t.name, o.compute_kernel), o.compute_kernel) in c.compute_kernels)]
     if not usable:
         pairs = sorted({(o.sharding_type, o.compute_kernel) for o in options})
         raise PlannerError(f"table {t.name}: none of its allowed (sharding type, compute kernel) pairs {pairs} is "
@@ -184,21 +182,24 @@ def _table_config(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], opti
     tiers = sorted({TIER_OF_KERNEL[o.compute_kernel] for o in usable if o.compute_kernel in TIER_OF_KERNEL},
                    key=lambda m: m.value) or [MemoryTier.hbm]
     slices = sorted({len(o.shards) for o in usable if o.sharding_type in _SLICED})
-    return TableConfig(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
+    rows = min(t.num_embeddings, STAND_IN_MAX_ROWS) if any((t.name, o.compute_kernel) in real_kernel
+                                                           for o in usable) else t.num_embeddings
+    return TableConfig(name=t.name, num_embeddings=rows, embedding_dim=t.embedding_dim,
                        pooling_factor=_pooling(t, c, batch), sharding_types=shardings, memory_tiers=tiers,
                        weights_dtypes=[_DTYPE_OF[t.data_type]], column_slices=slices or None)
 
 
 def model_config(found: Sequence[FoundTable], constraints: Mapping[str, ParameterConstraints],
-                 search_space: Sequence[ShardingOption], batch: int, name: str) -> ModelConfig:
+                 search_space: Sequence[ShardingOption], batch: int, name: str,
+                 real_kernel: Mapping[tuple[str, str], str] = {}) -> ModelConfig:
     """The neocfg model of the module's tables. Its dense MLPs only shape the dense estimate, which is the same for
     every plan; their memory is not counted (planner.dense_resident_bytes=0): the storage reservation measured the
     module's own dense part. DCN when the tables' dims differ (dot needs one)."""
     by_name: dict[str, list[ShardingOption]] = {}
     for o in search_space:
         by_name.setdefault(o.name, []).append(o)
-    tables = [_table_config(f.config, constraints.get(f.config.name), by_name.get(f.config.name, []), batch)
-              for f in found if f.config.name in by_name]
+    tables = [_table_config(f.config, constraints.get(f.config.name), by_name.get(f.config.name, []), batch,
+                            real_kernel) for f in found if f.config.name in by_name]
     dims = {t.embedding_dim for t in tables}
     model = ModelConfig(name=name, tables=tables, interaction=Interaction.dot if len(dims) == 1 else Interaction.dcn)
     model.check("model")
@@ -297,6 +298,57 @@ def _storage_failure(search_space: Sequence[ShardingOption], reserved: Topology)
     return sum(h for h, _ in least.values()) > have.hbm or sum(d for _, d in least.values()) > have.ddr
 
 
+# The tiers a kernel neocfg does not model (key-value and virtual-table kernels, customized kernels) stands in for, in
+# order: each such kernel of a table takes one, so that the table's options stay distinct in neocfg's model.
+STAND_IN_TIERS = tuple(MemoryTier)
+# A stand-in table's rows in neocfg's model: its storage and perf are TorchRec's and its shards TorchRec's option's,
+# so neocfg's rows only shape the pieces; a virtual table's id space (up to 2^60) is capped where neocfg's size check
+# would take it for a typo (2^30 rows of 64 fp16 columns: 128 GiB, within any topology's 1,024 nodes).
+STAND_IN_MAX_ROWS = 2**30
+
+
+@dataclass(frozen=True)
+class StandIns:
+    """The search space with every option neocfg cannot model relabelled to a stand-in kernel (a table whose options
+    all use kernels outside neocfg's tiers: virtual / key-value tables). Such options are priced by TorchRec's
+    estimators whatever the estimator (neocfg has no model of them) and get their own kernel back when chosen."""
+
+    options: list[ShardingOption]
+    real_kernel: dict[tuple[str, str], str]   # (table, stand-in kernel) -> the option's own kernel
+
+    @property
+    def tables(self) -> frozenset[str]:
+        return frozenset(name for name, _ in self.real_kernel)
+
+    def restore(self, option: ShardingOption) -> ShardingOption:
+        option.compute_kernel = self.real_kernel.get((option.name, option.compute_kernel), option.compute_kernel)
+        return option
+
+
+def stand_in_kernels(search_space: Sequence[ShardingOption]) -> StandIns:
+    modelled = {*TIER_OF_KERNEL, DATA_PARALLEL_KERNEL}
+    kernels: dict[str, set[str]] = {}
+    for o in search_space:
+        kernels.setdefault(o.name, set()).add(o.compute_kernel)
+    stand_in: dict[tuple[str, str], str] = {}
+    for name, ks in kernels.items():
+        if ks & modelled:   # the table has options neocfg models: those are its options (_table_config)
+            continue
+        if len(ks) > len(STAND_IN_TIERS):
+            raise PlannerError(f"table {name}: {len(ks)} compute kernels neocfg does not model ({', '.join(sorted(ks))}"
+                               f"); it plans at most {len(STAND_IN_TIERS)} of them per table: narrow "
+                               f"ParameterConstraints.compute_kernels", PlannerErrorType.STRICT_CONSTRAINTS)
+        stand_in.update({(name, k): KERNEL_OF_TIER[tier] for k, tier in zip(sorted(ks), STAND_IN_TIERS)})
+    options = []
+    for o in search_space:
+        kernel = stand_in.get((o.name, o.compute_kernel))
+        if kernel is not None:
+            o = copy.copy(o)
+            o.compute_kernel = kernel
+        options.append(o)
+    return StandIns(options, {(name, v): k for (name, k), v in stand_in.items()})
+
+
 # neocfg's per-step fixed costs (collective latencies, kernel launches, id routing), absent from TorchRec's rating.
 _FIXED_TERMS = ("collective_latency_ms", "all_reduce_latency_ms", "kernel_overhead_ms", "routing_ms_per_step",
                 "routing_ms_per_id")
@@ -334,13 +386,16 @@ class TorchRecTermsCost(CostModel):
 
     terms: Mapping[_Key, tuple[NeoPerf, NeoStorage]] = field(default_factory=dict)
     use_perf: bool = True
+    # tables in kernels neocfg does not model (StandIns): TorchRec's perf whatever use_perf says
+    theirs: frozenset[str] = frozenset()
 
     @staticmethod
-    def of(cost: CostModel, terms: Mapping[_Key, tuple[NeoPerf, NeoStorage]], use_perf: bool) -> "TorchRecTermsCost":
+    def of(cost: CostModel, terms: Mapping[_Key, tuple[NeoPerf, NeoStorage]], use_perf: bool,
+           theirs: frozenset[str] = frozenset()) -> "TorchRecTermsCost":
         fields = {f.name: getattr(cost, f.name) for f in dataclasses.fields(CostModel)}
         if use_perf:   # TorchRec's rating has no per-step fixed terms: its shard perf is the whole objective
             fields.update(dict.fromkeys(_FIXED_TERMS, 0.0))
-        return TorchRecTermsCost(**fields, terms=terms, use_perf=use_perf)
+        return TorchRecTermsCost(**fields, terms=terms, use_perf=use_perf, theirs=theirs)
 
     def piece(self, table, sharding, tier, dtype, num_pieces):
         perf, storage = super().piece(table, sharding, tier, dtype, num_pieces)
@@ -348,7 +403,7 @@ class TorchRecTermsCost(CostModel):
         got = self.terms.get(_key(table.name, sharding.value, kernel, num_pieces))
         if got is None:
             return perf, storage
-        return (got[0] if self.use_perf else perf), got[1]
+        return (got[0] if self.use_perf or table.name in self.theirs else perf), got[1]
 
 
 class NeocfgShardingPlanner:
@@ -472,12 +527,13 @@ class NeocfgShardingPlanner:
         chosen = {(o.name, o.sharding_type, o.compute_kernel, len(o.shards)) for o in proposer.starting_proposal}
         return [o for o in search_space if (o.name, o.sharding_type, o.compute_kernel, len(o.shards)) in chosen]
 
-    def _config_of(self, module: nn.Module, sharders: Sequence[ModuleSharder], search_space: list[ShardingOption],
+    def _config_of(self, module: nn.Module, sharders: Sequence[ModuleSharder], space: StandIns,
                    reserved: Optional[Topology]) -> NeocfgConfig:
         found = find_tables(module, sharders)
         for f in found:
             _check_table(f.config, (self._constraints or {}).get(f.config.name), self.compute_device)
-        model = model_config(found, self._constraints or {}, search_space, self._batch_size, self.model_name)
+        model = model_config(found, self._constraints or {}, space.options, self._batch_size, self.model_name,
+                             space.real_kernel)
         types = sorted({s.value for t in model.tables for s in t.sharding_types or []})
         extra = [f"planner.sharding_types=[{','.join(types)}]"]
         if reserved is not None:
@@ -491,7 +547,7 @@ class NeocfgShardingPlanner:
         sharders = list(sharders) if sharders is not None else get_default_sharders()
         reserved = self._storage_reservation.reserve(topology=self._topology, batch_size=self._batch_size,
                                                      module=module, sharders=sharders, constraints=self._constraints)
-        return self._config_of(module, sharders, self._search_space(module, sharders), reserved)
+        return self._config_of(module, sharders, stand_in_kernels(self._search_space(module, sharders)), reserved)
 
     def plan(self, module: nn.Module, sharders: Optional[Sequence[ModuleSharder]] = None) -> ShardingPlan:
         start = time.perf_counter()
@@ -540,12 +596,14 @@ class NeocfgShardingPlanner:
             raise PlannerError(f"Unable to find a plan for this model because of insufficient storage: the smallest "
                                f"option of every table does not fit the {self._topology.world_size} devices' memory "
                                f"left after the storage reservation", PlannerErrorType.INSUFFICIENT_STORAGE)
-        cfg = self._config_of(module, sharders, search_space, reserved)
+        stand_ins = stand_in_kernels(search_space)
+        search_space = stand_ins.options
+        cfg = self._config_of(module, sharders, stand_ins, reserved)
         self._num_proposals += 1
         base = CostModel.from_config(cfg)
         base = dataclasses.replace(base, rank_capacity=rank_capacity(reserved, base))
         cost = TorchRecTermsCost.of(base, torchrec_terms(search_space, self.compute_device),
-                                    use_perf=self.estimator == "torchrec")
+                                    use_perf=self.estimator == "torchrec", theirs=stand_ins.tables)
         try:
             self.last_plan = plan_placement(cfg, cost)
         except InfeasibleError as exc:
@@ -556,7 +614,8 @@ class NeocfgShardingPlanner:
                                PlannerErrorType.STRICT_CONSTRAINTS) from None
         self._num_plans += 1
         order = {f.config.name: i for i, f in enumerate(find_tables(module, sharders))}
-        chosen = [_option_of(t, search_space, self._topology.compute_device) for t in self.last_plan.tables]
+        chosen = [stand_ins.restore(_option_of(t, search_space, self._topology.compute_device))
+                  for t in self.last_plan.tables]
         return sorted(chosen, key=lambda o: order[o.name])
 
     def collective_plan(self, module: nn.Module, sharders: Optional[Sequence[ModuleSharder]] = None,
