@@ -573,3 +573,15 @@ def test_virtual_tables_keep_their_kernel_torchrecs_shards_and_key_value_params(
             for t in cfg.model.tables}
     assert space.tables == {"v0"} and perf["v0"] == terms[("v0", "row_wise", "fused", 0)][0]
     assert perf["t1"] != terms[("t1", "row_wise", "fused", 0)][0]   # a plain table keeps neocfg's own
+
+
+def test_table_with_fewer_rows_than_shards_is_row_sharded_as_torchrec_shards_it():
+    """TorchRec row-shards a 3-row table over 4 ranks (its last shard empty); the drop-in offers and returns that
+    option, with TorchRec's shards."""
+    model = _sparse_nn_of([EmbeddingBagConfig(num_embeddings=3, embedding_dim=64, name="tiny", feature_names=["f0"]),
+                           EmbeddingBagConfig(num_embeddings=400, embedding_dim=64, name="t1", feature_names=["f1"])])
+    plan = _shardings(NeocfgShardingPlanner(_cuda(world=4, local=4)).plan(model, [_only(["table_row_wise"],
+                                                                                       ["fused"])]))
+    tiny = plan["tiny"]
+    assert tiny.sharding_type == "table_row_wise" and sorted(tiny.ranks) == [0, 1, 2, 3]
+    assert [s.shard_sizes for s in tiny.sharding_spec.shards] == [[1, 64], [1, 64], [1, 64], [0, 64]]

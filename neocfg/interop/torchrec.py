@@ -63,7 +63,7 @@ from neocfg.interop.export import (DATA_PARALLEL_KERNEL, KERNEL_OF_TIER, TIER_OF
 from neocfg.plan import GIVEN_PLAN_ALGORITHM, Plan, TablePlan
 from neocfg.planner.costs import CostModel
 from neocfg.planner.types import Perf as NeoPerf, Storage as NeoStorage
-from neocfg.sharding import SCHEMES
+from neocfg.sharding import SCHEMES, Routing
 from neocfg.types import Interaction, MemoryTier, ShardingType, WeightsDtype
 
 GIB = 1024**3
@@ -84,6 +84,7 @@ ESTIMATORS = ("torchrec", "neocfg")
 # about a millisecond in the same objective, so planner.mip_gap's 1 % would leave the embedding part ~10 % off.
 TORCHREC_ESTIMATOR_MIP_GAP = 1e-4
 _SLICED = (ShardingType.column_wise.value, ShardingType.table_column_wise.value)
+_ROW_SHARDED = tuple(s.value for s, scheme in SCHEMES.items() if scheme.routing is Routing.by_row)
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,9 @@ def _table_config(t: EmbeddingBagConfig, c: Optional[ParameterConstraints], opti
     slices = sorted({len(o.shards) for o in usable if o.sharding_type in _SLICED})
     rows = min(t.num_embeddings, STAND_IN_MAX_ROWS) if any((t.name, o.compute_kernel) in real_kernel
                                                            for o in usable) else t.num_embeddings
+    # TorchRec row-shards a table of fewer rows than shards too (block bucketization leaves the last shards empty);
+    # neocfg's pieces need a row each: its model holds one per shard (storage and the returned shards are TorchRec's)
+    rows = max([rows, *(len(o.shards) for o in usable if o.sharding_type in _ROW_SHARDED)])
     return TableConfig(name=t.name, num_embeddings=rows, embedding_dim=t.embedding_dim,
                        pooling_factor=_pooling(t, c, batch), sharding_types=shardings, memory_tiers=tiers,
                        weights_dtypes=[_DTYPE_OF[t.data_type]], column_slices=slices or None)
@@ -349,9 +353,10 @@ def stand_in_kernels(search_space: Sequence[ShardingOption]) -> StandIns:
     return StandIns(options, {(name, v): k for (name, k), v in stand_in.items()})
 
 
-# neocfg's per-step fixed costs (collective latencies, kernel launches, id routing), absent from TorchRec's rating.
+# neocfg's per-step fixed costs (collective latencies, kernel launches, id routing, each TBE call's fixed time), absent
+# from TorchRec's rating.
 _FIXED_TERMS = ("collective_latency_ms", "all_reduce_latency_ms", "kernel_overhead_ms", "routing_ms_per_step",
-                "routing_ms_per_id")
+                "routing_ms_per_id", "tbe_ms_per_group")
 _Key = tuple[str, str, str, int]   # table, sharding type, compute kernel, column slices (0 when not sliced)
 
 
