@@ -133,25 +133,27 @@ def paired(a) -> None:
 
 
 def markdown(cases: list[dict], a) -> str:
-    rows = ["| sharding | this checkout | " + a.paired_against + " | ratio | data_wait + comm_input (this) | "
-            "data_wait + comm_input (" + a.paired_against + ") | step ms (this) | largest terms (this, ms) |",
-            "|---|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| sharding | this checkout | paired revision | ratio | runs (this / paired) | data_wait + comm_input "
+            "(this / paired) | step ms (this) | largest terms (this, ms) |", "|---|---:|---:|---:|---|---:|---:|---|"]
     for c in cases:
         new, old = c["best"]["this"], c["best"][a.paired_against]
-        top = sorted(new["breakdown_ms"].items(), key=lambda kv: -kv[1])
-        terms = ", ".join(f"{k} {v:.0f}" for k, v in top if k != "total")[:120]
+        top = sorted(((k, v) for k, v in new["breakdown_ms"].items() if k != "total"), key=lambda kv: -kv[1])[:5]
+        runs = " / ".join(", ".join(f"{r['samples_per_s']:,.0f}" for r in c["runs"][n])
+                          for n in ("this", a.paired_against))
         rows.append(f"| {c['sharding']} | {new['samples_per_s']:,.0f} | {old['samples_per_s']:,.0f} | "
-                    f"{c['ratio']:.2f}x | {new['data_wait_plus_comm_input_share']:.1%} | "
-                    f"{old['data_wait_plus_comm_input_share']:.1%} | {new['measured_step_ms']:.0f} | {terms} |")
+                    f"{c['ratio']:.2f}x | {runs} | {new['data_wait_plus_comm_input_share']:.1%} / "
+                    f"{old['data_wait_plus_comm_input_share']:.1%} | {new['measured_step_ms']:.0f} | "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in top) + " |")
     return "\n".join([
         f"prod_856's 856 tables at dim {DIM}, rows capped at {ROWS_CAP:,}, every pooling factor x{a.pooling_scale} "
         f"(about 12,600 ids per sample), Zipf ids as the preset has them; 2 gloo ranks, batch {a.batch} per rank, "
         f"default synthetic stream (generated in the prefetch thread), {a.steps} steps. Each run its own process "
-        f"(mode=train's entry, planning included, samples/s of the timed steps), this checkout against "
-        f"`{a.paired_against}` interleaved, best of {a.repeats}. Targets: ratio >= {TARGET_RATIO}x, "
-        f"data_wait + comm_input <= {TARGET_SHARE:.0%} of the step. `prefetch` is the prefetch thread's CPU per "
-        "step on the rank's core (batch generation and, where prefetched, the ids exchange's host work).",
-        "", *rows])
+        "(mode=train's entry, planning included, samples/s of the timed steps), this checkout against the revision "
+        f"named in the command (checked out in a temporary worktree), interleaved, best of {a.repeats}. Targets: "
+        f"ratio >= {TARGET_RATIO}x, data_wait + comm_input <= {TARGET_SHARE:.0%} of the step. `prefetch` is the "
+        "prefetch thread's CPU per step on the rank's core (batch generation and, where prefetched, the ids "
+        "exchange's host work). The machine was shared (other jobs outside the CPU lock): compare the runs' spread "
+        "before the ratio.", "", *rows])
 
 
 def main() -> None:
