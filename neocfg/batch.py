@@ -7,7 +7,7 @@ Sparse features are laid out like TorchRec's KeyedJaggedTensor: for T tables and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -19,6 +19,9 @@ class Batch:
     values: torch.Tensor       # [sum(lengths)] int64, ids in each table's own row space
     labels: torch.Tensor       # [B] float32 in {0, 1}
     sample_ids: torch.Tensor   # [B] int64, unique over the dataset
+    # [sum(lengths)] float32: each id's weight in its bag's sum (datasets mapping dsi.columns.weights), or None:
+    # every id weighs 1 (synthetic and neocfg-written data).
+    weights: Optional[torch.Tensor] = None
     # Work its consumer did on it ahead of the step, in the data source's prefetch thread (Prefetcher.prepare_with;
     # the sharded embeddings' routed ids), or None.
     prepared: Any = None
@@ -34,7 +37,8 @@ class Batch:
     def pin_memory(self) -> "Batch":
         """A copy in page-locked host memory (so that copies to a GPU can be non_blocking)."""
         return Batch(self.dense.pin_memory(), self.lengths.pin_memory(), self.values.pin_memory(),
-                     self.labels.pin_memory(), self.sample_ids.pin_memory())
+                     self.labels.pin_memory(), self.sample_ids.pin_memory(),
+                     None if self.weights is None else self.weights.pin_memory())
 
     def offsets(self) -> torch.Tensor:
         """fbgemm-style offsets over all (table, sample) bags: [T * B + 1]."""

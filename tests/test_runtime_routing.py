@@ -15,36 +15,41 @@ from neocfg.batch import Batch
 from neocfg.runtime.layout import build_layout
 from neocfg.runtime.plans import rule_plan
 from neocfg.planner.strategies import id_dtype, routing_encoding
-from neocfg.runtime.routing import IdRouter, RwEncoding, deliver
+from neocfg.runtime.routing import IdRouter, RwEncoding, deliver, deliver_weights
 from neocfg.types import IdDtype
 from neocfg.types import ShardingType as S, WeightsDtype
 
 B = 5
 
 
-def _batch(cfg, seed: int, b: int = B) -> Batch:
+def _batch(cfg, seed: int, b: int = B, weighted: bool = False) -> Batch:
     g = torch.Generator().manual_seed(seed)
     t = len(cfg.model.tables)
     lengths = torch.randint(0, 4, (t, b), generator=g)
     values = torch.cat([torch.randint(0, tab.num_embeddings, (int(lengths[i].sum()),), generator=g)
                         for i, tab in enumerate(cfg.model.tables)])
-    return Batch(torch.zeros(b, 1), lengths, values, torch.zeros(b), torch.arange(b))
+    # a weight that names its id's place in the batch (and its source): any misplaced weight shows
+    weights = seed * 1000.0 + torch.arange(values.numel(), dtype=torch.float32) if weighted else None
+    return Batch(torch.zeros(b, 1), lengths, values, torch.zeros(b), torch.arange(b), weights=weights)
 
 
 def _reference(layout, batches, rank):
-    """Per TBE group: (indices, offsets) by one loop over features x sources x samples."""
+    """Per TBE group: (indices, offsets, weights) by one loop over features x sources x samples."""
     out = []
     for _, shards in layout.ranks[rank].groups:
-        idx, lens = [], []
+        idx, lens, wts = [], [], []
         for s in shards:
             for bt in batches:
                 ids, ln = bt.table_values(s.table)
-                for chunk in ids.split(ln.tolist()):
-                    keep = chunk[(chunk >= s.row_offset) & (chunk < s.row_offset + s.num_rows)] - s.row_offset
-                    idx.append(keep)
-                    lens.append(keep.numel())
+                start = int(bt.lengths.sum(dim=1)[:s.table].sum())
+                w = bt.weights[start:start + ids.numel()] if bt.weights is not None else torch.ones(ids.numel())
+                for chunk, wc in zip(ids.split(ln.tolist()), w.split(ln.tolist())):
+                    mask = (chunk >= s.row_offset) & (chunk < s.row_offset + s.num_rows)
+                    idx.append(chunk[mask] - s.row_offset)
+                    wts.append(wc[mask])
+                    lens.append(int(mask.sum()))
         out.append((torch.cat(idx) if idx else torch.zeros(0, dtype=torch.long),
-                    torch.cumsum(torch.tensor([0] + lens), 0)))
+                    torch.cumsum(torch.tensor([0] + lens), 0), torch.cat(wts) if wts else torch.zeros(0)))
     return out
 
 
@@ -74,9 +79,34 @@ def test_router_delivers_the_reference_bags(sharding, world, b, encoding, dtype)
         got = routers[r].receive(*deliver(routed, routers, r)).per_group
         want = _reference(layouts[r], batches, r)
         assert len(got) == len(want)
-        for (gi, go), (wi, wo) in zip(got, want):
+        for (gi, go), (wi, wo, _) in zip(got, want):
             assert torch.equal(go, wo) and torch.equal(gi, wi), (r, gi, wi)
             assert gi.dtype == go.dtype == dtype      # the TBEs' indices and offsets, as they travelled
+
+
+@pytest.mark.parametrize("encoding", [*RwEncoding])
+@pytest.mark.parametrize("sharding", [*S, "mix"])
+@pytest.mark.parametrize("world,b", [(2, B), (4, 4)])
+def test_router_carries_each_ids_weight(sharding, world, b, encoding):
+    """Per-id weights (a dataset's weight columns) reach every TBE group beside their ids, in the ids' order."""
+    cfg = compose_cfg(["model.tables.7.num_embeddings=3", "model.tables.1.num_embeddings=10"])
+    sh = {t.name: s for t, s in zip(cfg.model.tables, MIX)} if sharding == "mix" else sharding
+    plan = rule_plan(cfg.model, world=world, devices_per_node=2, batch_size=b, sharding=sh)
+    if sharding == "mix":
+        plan = dataclasses.replace(plan, tables=tuple(
+            dataclasses.replace(t, weights_dtype=WeightsDtype.fp16)
+            if i % 2 == 0 and t.sharding is not S.data_parallel else t for i, t in enumerate(plan.tables)))
+    layouts = [build_layout(plan, cfg.model, r) for r in range(world)]
+    routers = [IdRouter(lay, b, torch.device("cpu"), encoding, torch.int32) for lay in layouts]
+    batches = [_batch(cfg, 10 * world + r, b, weighted=True) for r in range(world)]
+    routed = [rt.route(bt) for rt, bt in zip(routers, batches)]
+    for r in range(world):
+        got = routers[r].receive(*deliver(routed, routers, r), recv_w=deliver_weights(routed, routers, r))
+        want = _reference(layouts[r], batches, r)
+        assert len(got.per_group) == len(want) and (got.weights is not None or not want)
+        for (gi, go), gw, (wi, wo, ww) in zip(got.per_group, got.weights or [], want):
+            assert torch.equal(go, wo) and torch.equal(gi, wi.to(gi.dtype)), r
+            assert torch.equal(gw, ww), (r, gw, ww)
 
 
 def test_ids_travel_as_int32_when_they_fit():

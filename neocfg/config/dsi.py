@@ -132,6 +132,9 @@ class ColumnsConfig:
     dense: Optional[List[str]] = None
     # Table name -> stored column: a list of ids per row, or one integer id per row.
     sparse: Dict[str, str] = field(default_factory=dict)
+    # Table name -> stored column of per-id weights: a list of numbers per row as long as the row's id list (one
+    # number per row for a one-id-per-row column). The table's bags pool sum(weight x row); unmapped tables weigh 1.
+    weights: Dict[str, str] = field(default_factory=dict)
     # Unique integer per sample; null with no sample_id column stored: sample ids are row numbers in the dataset.
     sample_id: Optional[str] = None
 
@@ -140,6 +143,8 @@ class ColumnsConfig:
             checks.non_empty(f"{key}.label", self.label)
         for name, col in self.sparse.items():
             checks.non_empty(f"{key}.sparse.{name}", col)
+        for name, col in self.weights.items():
+            checks.non_empty(f"{key}.weights.{name}", col)
 
 
 @dataclass

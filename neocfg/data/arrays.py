@@ -7,6 +7,7 @@ worker processes start without importing it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -18,6 +19,7 @@ class BatchArrays:
     values: np.ndarray      # [sum(lengths)] int64
     labels: np.ndarray      # [n] float32
     sample_ids: np.ndarray  # [n] int64
+    weights: Optional[np.ndarray] = None  # [sum(lengths)] float32 per-id weights (dsi.columns.weights), or None
 
     @property
     def rows(self) -> int:
@@ -25,7 +27,8 @@ class BatchArrays:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.dense, self.lengths, self.values, self.labels, self.sample_ids))
+        return sum(a.nbytes for a in (self.dense, self.lengths, self.values, self.labels, self.sample_ids,
+                                      *(() if self.weights is None else (self.weights,))))
 
     def _table_bounds(self) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(self.lengths.sum(axis=1))])
@@ -37,9 +40,11 @@ class BatchArrays:
         bounds = self._table_bounds()
         before = self.lengths[:, :start].sum(axis=1)
         counts = self.lengths[:, start:stop].sum(axis=1)
+        index = gather_index(bounds[:-1] + before, counts)
         return BatchArrays(dense=self.dense[start:stop], lengths=self.lengths[:, start:stop],
-                           values=self.values[gather_index(bounds[:-1] + before, counts)],
-                           labels=self.labels[start:stop], sample_ids=self.sample_ids[start:stop])
+                           values=self.values[index], labels=self.labels[start:stop],
+                           sample_ids=self.sample_ids[start:stop],
+                           weights=None if self.weights is None else self.weights[index])
 
     def split_batches(self, batch_size: int) -> list["BatchArrays"]:
         """Consecutive pieces of batch_size rows; the last one is shorter when rows is not a multiple."""
@@ -54,11 +59,12 @@ class BatchArrays:
         part_base = np.concatenate([[0], np.cumsum([p.values.shape[0] for p in parts])[:-1]])
         starts = np.stack([p._table_bounds()[:-1] for p in parts], axis=1) + part_base          # [T, P]
         values = np.concatenate([p.values for p in parts])
+        index = gather_index(starts.reshape(-1), counts.reshape(-1))
+        weights = None if parts[0].weights is None else np.concatenate([p.weights for p in parts])[index]
         return BatchArrays(dense=np.concatenate([p.dense for p in parts]),
                            lengths=np.concatenate([p.lengths for p in parts], axis=1),
-                           values=values[gather_index(starts.reshape(-1), counts.reshape(-1))],
-                           labels=np.concatenate([p.labels for p in parts]),
-                           sample_ids=np.concatenate([p.sample_ids for p in parts]))
+                           values=values[index], labels=np.concatenate([p.labels for p in parts]),
+                           sample_ids=np.concatenate([p.sample_ids for p in parts]), weights=weights)
 
 
 def gather_index(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -44,6 +44,11 @@ def sparse_column(table_name: str) -> str:
     return f"sparse_{table_name}"
 
 
+def weight_column(sparse: str) -> str:
+    """The per-id weights of a sparse column (sparse_<table> -> weight_<table>)."""
+    return "weight_" + sparse[len("sparse_"):]
+
+
 def extra_column(k: int) -> str:
     return f"extra_{k}"
 
@@ -58,6 +63,8 @@ class FeatureColumns:
     table_rows: tuple[int, ...]
     # (neocfg name, stored name) for each column stored under another name (dsi.columns).
     stored: tuple[tuple[str, str], ...] = ()
+    # The sparse columns whose ids carry weights (dsi.columns.weights), each read from weight_column(name).
+    weighted: tuple[str, ...] = ()
 
     @staticmethod
     def for_model(model: ModelConfig, mapping: Optional[ColumnsConfig] = None,
@@ -83,15 +90,21 @@ class FeatureColumns:
                 raise ConfigError(f"{key}.sparse.{table}", column, f"model {model.name} has no table {table!r} "
                                   f"(its tables: {', '.join(tables[:8])}{', ...' if len(tables) > 8 else ''})")
             stored[sparse_column(table)] = column
+        for table, column in mapping.weights.items():
+            if table not in tables:
+                raise ConfigError(f"{key}.weights.{table}", column, f"model {model.name} has no table {table!r} "
+                                  f"(its tables: {', '.join(tables[:8])}{', ...' if len(tables) > 8 else ''})")
+            stored[weight_column(sparse_column(table))] = column
         taken = [c for c in stored.values() if list(stored.values()).count(c) > 1]
         if taken:
             raise ConfigError(key, taken[0], "a stored column can feed only one feature")
-        return dataclasses.replace(cols, stored=tuple((k, v) for k, v in stored.items() if k != v))
+        weighted = tuple(sparse_column(t) for t in tables if t in mapping.weights)
+        return dataclasses.replace(cols, stored=tuple((k, v) for k, v in stored.items() if k != v), weighted=weighted)
 
     @property
     def projected(self) -> list[str]:
-        """Every column a worker reads (the projection): features, label and sample id, by neocfg's names."""
-        return [*self.dense, *self.sparse, LABEL_COLUMN, SAMPLE_ID_COLUMN]
+        """Every column a worker reads (the projection): features, weights, label and sample id, by neocfg's names."""
+        return [*self.dense, *self.sparse, *map(weight_column, self.weighted), LABEL_COLUMN, SAMPLE_ID_COLUMN]
 
     def stored_name(self, name: str) -> str:
         return dict(self.stored).get(name, name)

@@ -77,7 +77,8 @@ class DppSource:
         a = self._client().next_arrays()
         return Batch(dense=torch.from_numpy(a.dense), lengths=torch.from_numpy(a.lengths),
                      values=torch.from_numpy(a.values), labels=torch.from_numpy(a.labels),
-                     sample_ids=torch.from_numpy(a.sample_ids))
+                     sample_ids=torch.from_numpy(a.sample_ids),
+                     weights=None if a.weights is None else torch.from_numpy(a.weights))
 
     def position(self, mark: Optional[ClientMark] = None) -> Position:
         """The position after the batches handed out up to `mark` (default: now); a job-wide service waits for

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from neocfg.config.dsi import TransformConfig
 from neocfg.data.arrays import BatchArrays
-from neocfg.data.dataset import LABEL_COLUMN, SAMPLE_ID_COLUMN, FeatureColumns
+from neocfg.data.dataset import LABEL_COLUMN, SAMPLE_ID_COLUMN, FeatureColumns, weight_column
 from neocfg.errors import ConfigError, DataError
 from neocfg.types import FilterCmp, TransformOp
 
@@ -43,6 +43,7 @@ _COMPARE = {
 class IdLists:
     lengths: np.ndarray  # [n] int64
     values: np.ndarray   # [sum(lengths)] int64
+    weights: Optional[np.ndarray] = None  # [sum(lengths)] float32 per-id weights (dsi.columns.weights), or None
 
 
 @dataclass
@@ -60,7 +61,10 @@ class SplitRows:
         for name, col in self.scalars.items():
             self.scalars[name] = col[mask]
         for lst in self.lists.values():
-            lst.values = lst.values[np.repeat(mask, lst.lengths)]
+            keep = np.repeat(mask, lst.lengths)
+            lst.values = lst.values[keep]
+            if lst.weights is not None:
+                lst.weights = lst.weights[keep]
             lst.lengths = lst.lengths[mask]
 
 
@@ -139,6 +143,8 @@ def from_arrow(table: pa.Table, columns: FeatureColumns, where: str, first_row: 
         if pa.types.is_integer(col.type):
             lengths = col.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
             lists[c] = IdLists(lengths=lengths, values=pc.cast(col.drop_null(), pa.int64()).to_numpy())
+            if c in columns.weighted:
+                lists[c].weights = _weights_of(table, columns, c, lists[c], where, col.is_valid())
             continue
         if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) \
                 or not pa.types.is_integer(col.type.value_type):
@@ -149,7 +155,44 @@ def from_arrow(table: pa.Table, columns: FeatureColumns, where: str, first_row: 
         if values.null_count:
             raise DataError(f"{where}: column {columns.stored_name(c)!r} has null ids inside its lists")
         lists[c] = IdLists(lengths=lengths, values=values.to_numpy())
+        if c in columns.weighted:
+            lists[c].weights = _weights_of(table, columns, c, lists[c], where)
     return SplitRows(scalars=scalars, lists=lists)
+
+
+def _weights_of(table: pa.Table, columns: FeatureColumns, sparse: str, ids: IdLists, where: str,
+                has_id: Optional[pa.Array] = None) -> np.ndarray:
+    """The per-id weights of a sparse column, float32 in id order: a list of numbers per row as long as the row's
+    ids (one number per row where the ids are one integer per row, `has_id` marking the rows that have one). A
+    mismatch, a missing weight or a non-finite one is a DataError naming both stored columns and the first bad
+    row."""
+    name = weight_column(sparse)
+    col = table.column(name).combine_chunks()
+    stored, ids_stored = columns.stored_name(name), columns.stored_name(sparse)
+    if has_id is not None:   # one id per row: one weight per row that has an id
+        if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
+            raise DataError(f"{where}: weights column {stored!r} has type {col.type}, expected one number per row "
+                            f"(its ids column {ids_stored!r} holds one id per row)")
+        lengths = col.is_valid().to_numpy(zero_copy_only=False).astype(np.int64)
+        values = pc.cast(pc.filter(col, has_id), pa.float64())
+    else:
+        if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)) or not (
+                pa.types.is_floating(col.type.value_type) or pa.types.is_integer(col.type.value_type)):
+            raise DataError(f"{where}: weights column {stored!r} has type {col.type}, expected a list of numbers per "
+                            f"row, as long as the row's ids in {ids_stored!r}")
+        lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy().astype(np.int64)
+        values = pc.cast(col.flatten(), pa.float64())
+    bad = np.flatnonzero(lengths != ids.lengths) if has_id is None else np.flatnonzero(lengths < ids.lengths)
+    if bad.size:
+        r = int(bad[0])
+        raise DataError(f"{where}: weights column {stored!r} has {int(lengths[r])} weights in row {r} of the split "
+                        f"where {ids_stored!r} has {int(ids.lengths[r])} ids ({bad.size} rows differ); each id needs "
+                        f"one weight")
+    out = values.to_numpy(zero_copy_only=False).astype(np.float64)
+    if values.null_count or not np.isfinite(out).all():
+        raise DataError(f"{where}: weights column {stored!r} has missing or non-finite weights; every id needs a "
+                        f"finite weight")
+    return out.astype(np.float32)
 
 
 def _filter_mask(x: np.ndarray, t: TransformConfig) -> np.ndarray:
@@ -184,6 +227,8 @@ def _list_step(lst: IdLists, t: TransformConfig, table_rows: int) -> int:
         keep = (np.arange(lst.values.shape[0]) - starts) < t.max_ids
         cut = int(lst.values.shape[0] - keep.sum())
         lst.values = lst.values[keep]
+        if lst.weights is not None:
+            lst.weights = lst.weights[keep]
         lst.lengths = np.minimum(lst.lengths, t.max_ids)
         return cut
     # fill_missing: a missing list was read as an empty one already.
@@ -231,6 +276,10 @@ def to_batch_arrays(rows: SplitRows, columns: FeatureColumns, where: str) -> Bat
                else np.zeros((0, n), dtype=np.int64))
     values = (np.concatenate([rows.lists[c].values for c in columns.sparse]) if columns.sparse
               else np.zeros(0, dtype=np.int64))
+    weights = None
+    if columns.weighted:   # one weight per id of every table; a table without weights weighs 1
+        weights = np.concatenate([np.ones(rows.lists[c].values.shape[0], np.float32) if rows.lists[c].weights is None
+                                  else rows.lists[c].weights for c in columns.sparse])
     return BatchArrays(dense=dense, lengths=lengths.astype(np.int64), values=values.astype(np.int64),
                        labels=rows.scalars[LABEL_COLUMN].astype(np.float32),
-                       sample_ids=np.require(rows.scalars[SAMPLE_ID_COLUMN], requirements="W"))
+                       sample_ids=np.require(rows.scalars[SAMPLE_ID_COLUMN], requirements="W"), weights=weights)

@@ -139,7 +139,9 @@ class ShardedEmbeddings(nn.Module):
             with sw("comm_input"):
                 lookups = self.finish_ids(self.start_ids(batch))
         with sw("emb_fwd"):
-            outs = [tbe(idx, off) for tbe, (idx, off) in zip(self.tbes, lookups.per_group)]
+            weights = lookups.weights or [None] * len(self.tbes)   # per-id weights: fbgemm's per_sample_weights
+            outs = [tbe(idx, off, per_sample_weights=w) for tbe, (idx, off), w in zip(self.tbes, lookups.per_group,
+                                                                                       weights)]
             if outs:
                 pooled = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
             else:  # no shard here: still take part in every collective, backward included

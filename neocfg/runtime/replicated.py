@@ -103,9 +103,9 @@ class ReplicatedEmbeddings(nn.Module):
         if self.tbe is None:
             return torch.zeros(b, 0, device=batch.values.device)
         lengths, values = batch.lengths.long(), batch.values.long()
-        ids = _permute_1d(self.perm32, lengths.sum(dim=1), values, None, None)[1]
+        ids, weights = _permute_1d(self.perm32, lengths.sum(dim=1), values, batch.weights, None)[1:3]
         offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.index_select(0, self.perm).reshape(-1))
-        out = self.tbe(ids, offsets)
+        out = self.tbe(ids, offsets, per_sample_weights=weights)
         return BackwardMark.apply(self._note_backward, out) if out.requires_grad else out
 
     def _note_backward(self) -> None:

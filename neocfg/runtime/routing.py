@@ -38,6 +38,11 @@ received elements), and the TBE groups' id counts ride in the counts exchange.
 
 Ids keep their order inside every bag (stable permutes, sorts and bucketizing), so pooled sums add in the
 unsharded order.
+
+Per-id weights (Batch.weights, from a dataset's weight columns) travel as a float payload of the payload's own
+layout, zeros beside the lengths, codes and headers: every permute, bucketize and sort above carries it with the
+ids (fbgemm's ops take weights), and one more all-to-all of the same split sizes sends it; the TBEs pool with them
+as per_sample_weights. Runs without weights send nothing more.
 """
 
 from __future__ import annotations
@@ -76,6 +81,8 @@ class LocalLookups:
     per_group: list[tuple[torch.Tensor, torch.Tensor]]
     # recv_counts of the next batch (send()'s argument), from the payload headers, when the senders put them there
     next_counts: Optional[torch.Tensor] = None
+    # per group, each index's weight (float32, the indices' order), when the batch carries weights
+    weights: Optional[list[torch.Tensor]] = None
 
 
 @dataclass
@@ -89,6 +96,8 @@ class PendingIds:
     payload: torch.Tensor        # kept alive until the all-to-all is done
     carries_next: bool = False   # the headers hold the next batch's counts (every rank sends alike)
     group_ids: Optional[list[int]] = None   # ids of each of this rank's TBE groups (from the host sync)
+    # the weights' payload received, its all-to-all's handle and the sent payload (kept alive), when weighted
+    weights: Optional[tuple[torch.Tensor, object, torch.Tensor]] = None
 
 
 @dataclass
@@ -108,6 +117,7 @@ class Routed:
 
     payload: torch.Tensor
     counts: torch.Tensor
+    weights: Optional[torch.Tensor] = None   # float32, the payload's layout: each id's weight, 0 elsewhere
 
 
 def _count(index: torch.Tensor, n: int) -> torch.Tensor:
@@ -265,16 +275,19 @@ class IdRouter:
     def route(self, batch: Batch) -> Routed:
         dt = self.dtype
         lengths, values = batch.lengths.to(dt), batch.values.to(dt)
+        weights = batch.weights
         totals = lengths.sum(dim=1)                                            # ids per table (int64)
+        rw_w = None
         if self.n_rw:
             if self.rw_all:
-                lr, vr = lengths, values
+                lr, vr, wr = lengths, values, weights
             else:
                 lr = lengths.index_select(0, self.rw_perm)
-                vr = _permute_1d(self.rw_perm32, totals, values, None, None)[1]
+                vr, wr = _permute_1d(self.rw_perm32, totals, values, weights, None)[1:3]
             if self.encoding is RwEncoding.lengths:
                 # ids grouped by (row range, table, sample), in order, rebased: pieces j * n_rw + i, [B] lengths each
-                rw_lens, rw_ids = _bucketize(lr.reshape(-1), vr, False, False, self.rw_block, self.parts)[:2]
+                rw_lens, rw_ids, rw_w = _bucketize(lr.reshape(-1), vr, False, False, self.rw_block, self.parts,
+                                                   wr)[:3]
                 piece_n = rw_lens.view(self.n_pieces, self.b).sum(dim=1)
                 n_codes = totals.new_zeros(self.world)
                 src, sizes = [rw_lens, rw_ids], [self.rwl_segs, piece_n]
@@ -287,6 +300,7 @@ class IdRouter:
                 key = self.code_key.index_select(0, piece)                     # destination-major piece order
                 order = torch.sort(key, stable=True)[1]
                 rw_ids = (vr - bucket * blk).index_select(0, order)
+                rw_w = None if wr is None else wr.index_select(0, order)
                 codes = (self.code_base.index_select(0, piece) + sample.to(dt)).index_select(0, order)
                 piece_n = _count(piece, self.n_pieces)                         # ids per piece
                 counts = piece_n.index_select(0, self.key_piece)               # ... per held piece, by destination
@@ -302,24 +316,44 @@ class IdRouter:
         src.append(values.new_zeros(self.world * self.header))      # the headers (send() may fill them)
         sizes.append(self.header_segs)
         src = torch.cat(src)
-        plen, payload = _permute_1d(self.payload_perm, torch.cat(sizes), src, None,
-                                    src.numel() if self.payload_whole else None)[:2]
+        src_w = None if weights is None else self._weights_src(src, totals, weights, rw_w)
+        plen, payload, payload_w = _permute_1d(self.payload_perm, torch.cat(sizes), src, src_w,
+                                               src.numel() if self.payload_whole else None)
         total = totals.new_zeros(self.world).index_add_(0, self.perm_dest, plen)
         counts = [(total - self.head - n_codes).view(-1, 1), n_codes.view(-1, 1)]
         if self.n_groups > 1:
             per_group = totals.new_zeros(self.world * self.n_groups).index_add_(
                 0, self.id_bin, plen.index_select(0, self.id_seg))
             counts.append(per_group.view(self.world, self.n_groups))
-        return Routed(payload, torch.cat(counts, dim=1))
+        return Routed(payload, torch.cat(counts, dim=1), payload_w)
+
+    def _weights_src(self, src: torch.Tensor, totals: torch.Tensor, weights: torch.Tensor,
+                     rw_w: Optional[torch.Tensor]) -> torch.Tensor:
+        """route()'s source segments as weights: the batch ids' and the row-sharded ids' weights where those ids
+        are, zeros elsewhere (src: [whole lengths | row-sharded lengths or counts | batch ids | row-sharded ids |
+        codes | headers], the first and third only with whole-table pieces)."""
+        out = torch.zeros(src.numel(), dtype=torch.float32, device=src.device)
+        n_ids = int(weights.numel())
+        n_lens = self.lengths_segs.numel() * self.b if self.has_whole else 0
+        n_rwl = (self.rwl_segs.numel() * (1 if self.encoding is RwEncoding.codes else self.b)) if self.n_rw else 0
+        at = n_lens + n_rwl
+        if self.has_whole:
+            out[at:at + n_ids] = weights
+            at += n_ids
+        if rw_w is not None:
+            out[at:at + rw_w.numel()] = rw_w
+        return out
 
     # ------------------------------------------------------------ receiver
 
     def receive(self, recv: torch.Tensor, recv_counts: torch.Tensor, n_codes: int,
-                carries_next: bool = False, group_ids: Optional[list[int]] = None) -> LocalLookups:
+                carries_next: bool = False, group_ids: Optional[list[int]] = None,
+                recv_w: Optional[torch.Tensor] = None) -> LocalLookups:
         """recv: every source's payload (source-major); recv_counts [world, header] as sent; n_codes: their sum of
         codes (known on the host from the split sizes); carries_next: the headers hold the next batch's counts;
         group_ids: the ids of each of this rank's TBE groups, known on the host from the same sync (send() has
-        them; without them, with several groups, they are read back here: a second host sync)."""
+        them; without them, with several groups, they are read back here: a second host sync); recv_w: the weights'
+        payload, when the batch carries weights."""
         b, world, n_f = self.b, self.world, self.n_f
         a = self.my_head
         start = _excl_cumsum(a + recv_counts[:, :HEADER].sum(dim=1))
@@ -341,8 +375,9 @@ class IdRouter:
         sizes = torch.cat([torch.full((world, 1), a, dtype=torch.long, device=recv.device), seg,
                            recv_counts[:, 1:2]], dim=1).view(-1)
         # every received segment but the heads, once: its length is known (told, so nothing is read back)
-        out = _permute_1d(self.recv_perm, sizes, recv, None, recv.numel() - a * world)[1]
+        out, out_w = _permute_1d(self.recv_perm, sizes, recv, recv_w, recv.numel() - a * world)[1:3]
         values = out[:out.numel() - n_codes]
+        weights = None if out_w is None else out_w[:values.numel()]
         whole_lengths = lens.transpose(0, 1).reshape(-1, world * b)
         if self.encoding is RwEncoding.lengths:
             lengths = whole_lengths
@@ -353,14 +388,17 @@ class IdRouter:
         else:
             lengths = whole_lengths
         if len(self.group_sizes) == 1:
-            return LocalLookups([(values, _offsets(lengths, values.dtype))], next_counts)
-        out_groups, f0, v0 = [], 0, 0
+            return LocalLookups([(values, _offsets(lengths, values.dtype))], next_counts,
+                                None if weights is None else [weights])
+        out_groups, group_w, f0, v0 = [], [], 0, 0
         if group_ids is None:   # (tests, benchmarks: the step has them from send's host sync)
             group_ids = recv_counts[:, HEADER:HEADER + len(self.group_sizes)].sum(dim=0).tolist()
         for nf, n in zip(self.group_sizes, group_ids):
             out_groups.append((values[v0:v0 + n], _offsets(lengths[f0:f0 + nf], values.dtype)))
+            if weights is not None:
+                group_w.append(weights[v0:v0 + n])
             f0, v0 = f0 + nf, v0 + n
-        return LocalLookups(out_groups, next_counts)
+        return LocalLookups(out_groups, next_counts, None if weights is None else group_w)
 
     # ------------------------------------------------------------ both
 
@@ -391,8 +429,13 @@ class IdRouter:
         w = self.world
         recv = routed.payload.new_empty(sum(host[w:2 * w]))
         work = dist.all_to_all_single(recv, routed.payload, host[w:2 * w], host[:w], group=group, async_op=True)
+        weights = None
+        if routed.weights is not None:   # the same split sizes, float
+            recv_w = routed.weights.new_empty(recv.numel())
+            weights = (recv_w, dist.all_to_all_single(recv_w, routed.weights, host[w:2 * w], host[:w], group=group,
+                                                      async_op=True), routed.weights)
         return PendingIds(recv, recv_counts, host[2 * w], work, routed.payload, then is not None,
-                          host[2 * w + 1:] if n_groups else None)
+                          host[2 * w + 1:] if n_groups else None, weights)
 
     def carry(self, routed: Routed, then: Routed, send_sizes: Optional[torch.Tensor] = None) -> None:
         """Put the next batch's per-destination counts (then.counts) in routed's payload headers (in place)."""
@@ -404,8 +447,10 @@ class IdRouter:
         """Wait for the payload, then build the TBE groups' inputs (and next_counts when the payload carries
         them)."""
         pending.work.wait()
+        if pending.weights is not None:
+            pending.weights[1].wait()
         return self.receive(pending.recv, pending.recv_counts, pending.n_codes, pending.carries_next,
-                            pending.group_ids)
+                            pending.group_ids, None if pending.weights is None else pending.weights[0])
 
     def send_sizes(self, counts: torch.Tensor) -> torch.Tensor:
         """Payload elements for each destination."""
@@ -421,3 +466,9 @@ def deliver(routed: list[Routed], routers: list[IdRouter], dest: int) -> tuple[t
         counts.append(r.counts[dest])
     recv_counts = torch.stack(counts)
     return torch.cat(pieces), recv_counts, int(recv_counts[:, 1].sum())
+
+
+def deliver_weights(routed: list[Routed], routers: list[IdRouter], dest: int) -> torch.Tensor:
+    """The weights' payload the all-to-all hands rank `dest` (deliver()'s companion; receive()'s recv_w)."""
+    return torch.cat([r.weights.split(router.send_sizes(r.counts).tolist())[dest]
+                      for r, router in zip(routed, routers)])

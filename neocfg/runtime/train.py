@@ -63,7 +63,8 @@ def to_device(batch: Batch, device: torch.device) -> Batch:
     its prefetch thread; anything else is pinned here)."""
     if device.type == "cpu":
         return batch
-    parts = (batch.dense, batch.lengths, batch.values, batch.labels, batch.sample_ids)
+    parts = (batch.dense, batch.lengths, batch.values, batch.labels, batch.sample_ids,
+             *(() if batch.weights is None else (batch.weights,)))
     return Batch(*(x.to(device, non_blocking=True) for x in (p if p.is_pinned() else p.pin_memory() for p in parts)))
 
 

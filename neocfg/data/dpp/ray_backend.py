@@ -500,4 +500,5 @@ class RayDppService:
 
 def _copy(a: BatchArrays) -> BatchArrays:
     return BatchArrays(dense=np.array(a.dense), lengths=np.array(a.lengths), values=np.array(a.values),
-                       labels=np.array(a.labels), sample_ids=np.array(a.sample_ids))
+                       labels=np.array(a.labels), sample_ids=np.array(a.sample_ids),
+                       weights=None if a.weights is None else np.array(a.weights))
