@@ -5,9 +5,10 @@ backend in one named actor per job. Transports (neocfg/data/dpp/local.py, ray_ba
 and results, and tell the master what happened; the master decides:
 
   split queue   epochs in a seeded order, requeued tasks first (progress.SplitQueue)
-  leases        which worker holds which task since when; a task is leased only while the buffer of finished splits
-                has room, a lease past `split_timeout_s` is overdue (the transport kills its worker), a task whose
-                workers died MAX_SPLIT_ATTEMPTS times is a bad split
+  leases        which worker holds which task since when; a task is leased only while the finished splits and the
+                splits in work are fewer than the buffer (prefetch_splits per client) plus the workers; a lease past
+                `split_timeout_s` is overdue (the transport kills its worker); a task whose workers died
+                MAX_SPLIT_ATTEMPTS times is a bad split
   progress      per split, not per sample: the open epochs' finished splits (reported by the clients with their next
                 pull once every row of a split was delivered), to count duplicates and to tell clients which epochs
                 are complete; memory grows with the number of splits, never with the number of samples. The
@@ -179,7 +180,10 @@ class Master(Generic[P]):
         return self.queue.exhausted and not self.leases and not self.ready
 
     def room(self, workers: int) -> bool:
-        return len(self.ready) + len(self.leases) < max(self.capacity, workers)
+        """Every worker may hold a split on top of a full buffer: counting the splits in work against the buffer
+        leaves workers idle whenever a split waits for its client (4 workers and a buffer of 4 split as 1 waiting
+        and 3 in work)."""
+        return len(self.ready) + len(self.leases) < self.capacity + workers
 
     # ---- workers ----------------------------------------------------------------------------------------------
     def lease(self, worker: int, now: float, workers: int = 1) -> Optional[Task]:
