@@ -218,7 +218,8 @@ the price (a test's sharding type: one ShardingType member and this module)."""
 
 from __future__ import annotations
 
-from neocfg.perf import Perf
+import dataclasses
+
 from neocfg.plan import Shard
 from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread
 from neocfg.types import ShardingType
@@ -239,9 +240,9 @@ class ToyWise(Scheme):
         return PieceShape(rows=table.num_embeddings, cols=table.embedding_dim,
                           lookup_rows=g * table.pooling_factor, output_samples=g)
 
-    def comm(self, cost, shape):
-        out = shape.output_samples * shape.cols * cost.a2a_ms_per_byte()
-        return Perf(fwd_comm=self.ids_ms(cost, shape) / 2 + out * cost.a2a_fwd_bytes, bwd_comm=out * cost.a2a_bwd_bytes)
+    def piece_comms(self, traffic, shape, pooling, kind=None, share=1.0):
+        ids, *outputs = super().piece_comms(traffic, shape, pooling, kind, share)   # (routing's, output kind's)
+        return (dataclasses.replace(ids, held_received=ids.held_received / 2, each_sent=ids.each_sent / 2), *outputs)
 '''
 
 

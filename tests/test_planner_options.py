@@ -25,9 +25,12 @@ def test_every_sharding_type_offered_with_its_piece_count():
     assert (ShardingType.row_wise, 8) in got and (ShardingType.data_parallel, 8) in got
     assert (ShardingType.table_row_wise, 4) in got
     cw = {k for s, k in got if s is ShardingType.column_wise}
-    twcw = {k for s, k in got if s is ShardingType.table_column_wise}
-    assert cw and cw <= {2, 4, 8} and twcw and twcw <= {2, 4}   # TWCW within one node of 4
-    assert all(64 // k % 4 == 0 for k in cw | twcw)
+    assert cw and cw <= {2, 4, 8} and all(64 // k % 4 == 0 for k in cw)
+    # table-column-wise (within one node of 4) is priced as column-wise, whose slices may go anywhere: pruned
+    assert not {k for s, k in got if s is ShardingType.table_column_wise}
+    twcw_only = round_cfg([("t", 100_000, 64, 4)], "planner.sharding_types=[table_column_wise]")
+    twcw = {k for s, k in kinds(table_options(twcw_only, CostModel.from_config(twcw_only), 0))}
+    assert twcw == {2, 4}
     tiers = {o.tier for o in opts}
     assert MemoryTier.hbm in tiers and all(o.dtype is WeightsDtype.fp32 for o in opts)
     assert all(o.tier is MemoryTier.hbm for o in opts if o.sharding is ShardingType.data_parallel)
@@ -73,8 +76,7 @@ def test_forced_ranks():
     assert {o.sharding for o in opts} == {ShardingType.table_wise} and all(o.fixed_ranks == (5,) for o in opts)
     cfg = round_cfg([("t", 1000, 16, 1)], "+model.tables.0.ranks=[1,2]")
     opts = table_options(cfg, CostModel.from_config(cfg), 0)
-    assert {(o.sharding, o.num_pieces) for o in opts} == {(ShardingType.column_wise, 2),
-                                                         (ShardingType.table_column_wise, 2)}
+    assert {(o.sharding, o.num_pieces) for o in opts} == {(ShardingType.column_wise, 2)}   # (TWCW alike: pruned)
 
 
 def test_cpu_devices_only_use_their_own_memory():
@@ -92,6 +94,28 @@ def test_dominated_options_are_pruned():
     # fp16 in HBM is faster and smaller than fp32 in HBM for the same sharding: fp32 HBM table-wise is dominated
     tw_hbm = [o for o in opts if o.sharding is ShardingType.table_wise and o.tier is MemoryTier.hbm]
     assert [o.dtype for o in tw_hbm] == [WeightsDtype.fp16]
+
+
+def test_column_wise_prunes_table_column_wise_only_where_it_is_no_worse():
+    """Column-wise slices may take any devices table-column-wise's may (distinct ones of one node) and issue the same
+    all-to-all: a table-column-wise option is dropped for a column-wise one of as many slices no slower, no larger
+    and in the same lookup group; where column-wise costs more (here: slower links across nodes for it alone) or is
+    not allowed, table-column-wise stays."""
+    cfg = round_cfg([("t", 100_000, 64, 4)], "planner.sharding_types=[column_wise,table_column_wise]")
+    cost = CostModel.from_config(cfg)
+    opts = table_options(cfg, cost, 0)
+    assert {o.sharding for o in opts} == {ShardingType.column_wise}
+    import dataclasses
+
+    from neocfg.planner.options import prune
+    twcw = next(o for o in opts if o.num_pieces == 2)
+    twcw = dataclasses.replace(twcw, sharding=ShardingType.table_column_wise)
+    cw = next(o for o in opts if o.num_pieces == 2)
+    slower = dataclasses.replace(cw, perf=dataclasses.replace(cw.perf, fwd_comm=cw.perf.fwd_comm * 1.01))
+    assert prune([cw, twcw], 0.0) == [cw]
+    assert prune([slower, twcw], 0.0) == [slower, twcw]
+    # a table-column-wise option never replaces a column-wise one (its slices may not leave the node)
+    assert prune([twcw, cw], 0.0) == [cw]
 
 
 def test_table_too_large_names_table_limit_and_fix():

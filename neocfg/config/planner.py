@@ -69,8 +69,6 @@ class CostConstants:
     tbe_kernels_per_group: float = 4.0
     # Size of one DDP gradient bucket (MiB): DDP issues one all-reduce per bucket (torch's bucket_cap_mb default).
     ddp_bucket_mib: float = 25.0
-    # Bytes of one sparse id in the input all-to-all (int64 indices, as TorchRec's KJT sends them).
-    id_bytes: int = 8
     # Bytes of cache metadata per cached row of a UVM-cached table (fbgemm lxu_cache_state int64 + LRU timestamp).
     cache_metadata_bytes_per_row: int = 16
     # Fraction of device memory kept free for the CUDA context, allocator fragmentation and dense activations.
@@ -92,7 +90,6 @@ class CostConstants:
         checks.in_range(f"{key}.hbm_reserve_fraction", self.hbm_reserve_fraction, 0.0, 1.0, hi_open=True)
         checks.in_range(f"{key}.host_reserve_fraction", self.host_reserve_fraction, 0.0, 1.0, hi_open=True)
         checks.positive(f"{key}.bwd_compute_multiplier", self.bwd_compute_multiplier)
-        checks.positive(f"{key}.id_bytes", self.id_bytes)
         checks.positive(f"{key}.dpp_memory_passes", self.dpp_memory_passes)
         checks.positive(f"{key}.ddp_bucket_mib", self.ddp_bucket_mib)
         for name in ("dense_kernels_per_layer", "dense_step_kernels", "dense_activation_passes",

@@ -9,13 +9,13 @@ from typing import Sequence
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, StepStrategies, TablePlan
-from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost
+from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost, planned_dense_sync
 from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
 from neocfg.tiers import TIERS
-from neocfg.types import DenseGradSync, IdsExchange
+from neocfg.types import IdsExchange
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -87,7 +87,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     lb = result.lower_bound_ms + dense.perf.total + generation
     gap = (objective - lb) / objective if objective > 0 else 0.0
     # The estimate prices the strategies the plan runs.
-    if strategies.dense_grad_sync is not DenseGradSync.ddp:
+    if strategies.dense_grad_sync is not planned_dense_sync(cfg):
         dense = dense_cost(cfg, strategies.dense_grad_sync)
     data = [generation] * cost.topo.world
     if strategies.ids_exchange is IdsExchange.prefetch:

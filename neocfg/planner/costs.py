@@ -9,13 +9,16 @@ Compute  lookup bytes / effective bandwidth of the tier (HBM, where a CPU rank's
          bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward;
          plus hardware.device.tbe_ns_per_bag per bag (output sample) a piece pools and tbe_us_per_group per fused
          lookup group.
-Comm     all-to-all from/to every device: bytes x (fraction within the node / intra bandwidth + fraction across
-         nodes / inter bandwidth); reduce-scatter / all-gather / all-reduce hierarchically (within the node, then
-         1/P of the data across nodes). All divided by `comm_efficiency`.
+Comm     the records a piece adds to the step's collectives (its Scheme's piece_comms: the list the runtime issues,
+         neocfg.sharding.collectives), each at the holder's bytes: all-to-all from/to every device: bytes x
+         (fraction within the node / intra bandwidth + fraction across nodes / inter bandwidth); cross-node
+         all-to-all over the inter-node link; reduce-scatter / all-gather / all-reduce hierarchically (within the
+         node, then 1/P of the data across nodes). All divided by `comm_efficiency`. Ids travel in the id dtype the
+         plan's strategies will choose (planned_id_dtype), with their lengths (or bag codes).
 Overhead fixed costs the byte and FLOP terms miss, which dominate small models and CPU ranks: every collective
          costs hardware.collective_latency_us (alpha) on top of its bytes (beta); every kernel (op) costs
          hardware.device.kernel_overhead_us. Counted per step from what the runtime issues: embedding collectives by
-         the sharding types in the plan (`embedding_collectives`; the data-parallel gradient all-reduce at
+         the sharding types in the plan and the step's id exchange (`embedding_collectives`, step_id_collectives; the data-parallel gradient all-reduce at
          hardware.all_reduce_latency_us, `collectives_latency_ms`), the id routing (a constant number of ops per step,
          hardware.device.routing_us_per_step, plus routing_ns_per_id per id received), kernels of the output exchange
          and around the fused lookups (`embedding_overhead_ms`), kernels per dense layer and DDP buckets
@@ -46,11 +49,14 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.perf import Perf
+from neocfg.planner.strategies import dense_grad_sync
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
+from neocfg.sharding.collectives import (ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm, Traffic,
+                                         encoding_for, id_collectives)
 from neocfg.tiers import TIERS
-from neocfg.types import (DataSource, DenseGradSync, DenseOptimizer, DeviceKind, Interaction, MemoryTier,
-                          ShardingType, SparseOptimizer, WeightsDtype)
+from neocfg.types import (DataSource, DenseGradSync, DenseOptimizer, DeviceKind, IdDtype, IdsExchange, Interaction,
+                          MemoryTier, RoutingEncoding, ShardingType, SparseOptimizer, WeightsDtype)
 
 GIB = 1024**3
 GB = 1e9
@@ -121,6 +127,31 @@ def cache_fraction(cfg: NeocfgConfig) -> float:
     return min(1.0, dev.cache_mib * 2**20 * cfg.hardware.num_devices / weights)
 
 
+def planned_id_dtype(cfg: NeocfgConfig) -> IdDtype:
+    """The id dtype the plan's strategies will choose (neocfg.planner.strategies.id_dtype), before placement: int32
+    when every table's rows fit and so do the bag codes of every table on one rank (tables x world x batch)."""
+    largest = max([t.num_embeddings for t in cfg.model.tables]
+                  + [len(cfg.model.tables) * cfg.hardware.num_devices * cfg.train.batch_size])
+    return IdDtype.int32 if largest < ID32_LIMIT else IdDtype.int64
+
+
+def step_id_collectives(cfg: NeocfgConfig) -> int:
+    """Id collectives in a step as cfg asks for them (neocfg.sharding.collectives.id_collectives): ids exchanged
+    ahead where train.ids_exchange=prefetch can run (CPU ranks, the synthetic source's prefetch thread); auto is
+    priced as in the step (whether it prefetches depends on the placement's row-sharded tables)."""
+    tc = cfg.train
+    ahead = (tc.ids_exchange is IdsExchange.prefetch and cfg.hardware.device.kind is DeviceKind.cpu
+             and cfg.dsi.source is DataSource.synthetic)
+    return id_collectives(tc.pipeline and not ahead, ahead)
+
+
+def planned_dense_sync(cfg: NeocfgConfig) -> DenseGradSync:
+    """How the dense gradients will be synced (StepStrategies.dense_grad_sync, by the strategies' rule), priced
+    before placement as if the plan has an all-to-all output: exchange = they ride in its backward all-to-all."""
+    params = dense_flops_and_params(cfg.model)[1]
+    return dense_grad_sync(cfg.train.dense_grad_sync, params, cfg.hardware.num_devices, all_to_all=True)
+
+
 def data_ms(cfg: NeocfgConfig) -> float:
     """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
     devices: the ranks are the host's cores): per batch, per sample, per id and per bag (a sample's ids of one
@@ -169,6 +200,9 @@ class CostModel:
     # Each rank's usable bytes where devices differ (a TorchRec Topology's devices); () = the capacities above on
     # every rank. The heuristics place against the smallest (`capacity`), the exact ILP and the checks per rank.
     rank_capacity: tuple[Storage, ...] = ()
+    id_bytes: int = 8                    # one id, length or bag code on the wire (the plan's id dtype)
+    id_collectives: int = 2              # id collectives in a step (the counts and the payload, or fewer)
+    rider_bytes: int = 0                 # dense gradients riding in the backward all-to-all, per device (world x)
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -197,7 +231,10 @@ class CostModel:
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
             cache_fraction=cache_fraction(cfg),
             cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
-                               if hw.device.cache_bandwidth_gbs else 0.0))
+                               if hw.device.cache_bandwidth_gbs else 0.0),
+            id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg),
+            rider_bytes=(hw.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
+                         if planned_dense_sync(cfg) is DenseGradSync.exchange else 0))
 
     @property
     def capacity(self) -> Storage:
@@ -217,17 +254,17 @@ class CostModel:
     def global_batch(self) -> int:
         return self.batch_size * self.topo.world
 
-    @property
-    def id_bytes(self) -> int:
-        """Bytes of one id on the wire and in the receive buffers."""
-        return self.consts.id_bytes
-
     # ---- communication: milliseconds per byte -------------------------------------------------------------
     def a2a_ms_per_byte(self) -> float:
         """A device exchanging bytes evenly with every device of the world (itself free)."""
         w, p = self.topo.world, self.topo.devices_per_node
         intra, inter = (p - 1) / w, (w - p) / w
         return (intra / (self.intra_gbs * GB) + inter / (self.inter_gbs * GB)) * MS / self.consts.comm_efficiency
+
+    def cross_node_ms_per_byte(self) -> float:
+        """An all-to-all among the ranks with the same local index, one per node: all but its own share crosses."""
+        n = self.topo.nodes
+        return (n - 1) / n / (self.inter_gbs * GB) * MS / self.consts.comm_efficiency
 
     def reduce_scatter_ms_per_byte(self, within_node: bool = False) -> float:
         """Hierarchical reduce-scatter (or all-gather) of a buffer of that many bytes present on every device."""
@@ -243,8 +280,15 @@ class CostModel:
         (`embedding_collectives`), but the data-parallel tables' all-reduce at all_reduce_latency_ms."""
         shardings = set(shardings)
         replicated = {s for s in shardings if SCHEMES[s].kind is OutputKind.replicated}
-        alpha = embedding_collectives(shardings - replicated) * self.collective_latency_ms
-        return alpha + (self.all_reduce_latency_ms if replicated else 0.0)
+        alpha = embedding_collectives(shardings - replicated, self.id_collectives) * self.collective_latency_ms
+        return alpha + (self.all_reduce_latency_ms if replicated else 0.0) + self.rider_ms(shardings)
+
+    def rider_ms(self, shardings: Iterable[ShardingType]) -> float:
+        """The dense gradients riding in the backward all-to-all (world x their fp32 bytes each way, with the
+        exchange's copies) when the kinds include it; paid once, as the kind's collectives are."""
+        if not self.rider_bytes or not any(SCHEMES[s].kind is OutputKind.all_to_all for s in shardings):
+            return 0.0
+        return self.rider_bytes * (self.a2a_ms_per_byte() + self.exchange_copy_ms_per_byte)
 
     def embedding_overhead_ms(self, shardings: Iterable[ShardingType], groups: int = 0) -> Perf:
         """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types, the device
@@ -252,12 +296,14 @@ class CostModel:
         collectives' latency, the id routing (a constant number of ops per step: the IdRouter) and the output
         exchange's kernels; compute: each TBE call's fixed time (tbe_ms_per_group). No term grows with the number of table pieces."""
         c = self.consts
-        alpha = self.collectives_latency_ms(shardings)
+        shardings = set(shardings)
+        rider = self.rider_ms(shardings)
+        alpha = self.collectives_latency_ms(shardings) - rider
         exchange = c.embedding_step_kernels * self.kernel_overhead_ms + self.routing_ms_per_step
         tbe = groups * self.tbe_ms_per_group
         # ids and outputs travel forward, gradients backward: 2 of the 3 exchanges (and the routing) run forward
         return Perf(fwd_compute=tbe / 2, bwd_compute=tbe / 2, fwd_comm=(alpha + exchange) * 2 / 3,
-                    bwd_comm=(alpha + exchange) / 3)
+                    bwd_comm=(alpha + exchange) / 3 + rider)
 
     # ---- memory ------------------------------------------------------------------------------------------
     def optimizer_state_bytes(self, rows: int, cols: int) -> int:
@@ -323,9 +369,39 @@ class CostModel:
         return shape.lookup_rows * per_id
 
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
-        """Ids in, outputs out, gradients back: the sharding type's own terms (neocfg.sharding), plus the router's
+        """Ids in, outputs out, gradients back: the collectives the piece adds to the step (its Scheme's
+        piece_comms, the list the runtime issues), each priced at its bytes on the holder's link, plus the router's
         passes over the ids the piece receives (none for a replica, which looks up its own samples)."""
-        return SCHEMES[sharding].comm(self, shape) + Perf(fwd_comm=self.routed_ms(sharding, shape))
+        perf = Perf(fwd_comm=self.routed_ms(sharding, shape))
+        for pc in self.piece_comms(table, sharding, shape):
+            perf = perf + self.price(pc)
+        return perf
+
+    def piece_comms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> tuple[PieceComm, ...]:
+        """The piece's records (neocfg.sharding.collectives): a row range receives its share of the table's ids,
+        in the encoding the strategies' rule picks for its ranges (neocfg.planner.strategies.routing_encoding)."""
+        pooling = table.pooling_factor
+        share = shape.lookup_rows / (self.global_batch * pooling) if pooling else 1.0
+        encoding = encoding_for(1 / share, pooling) if share > 0 else RoutingEncoding.lengths
+        traffic = Traffic(batch_size=self.batch_size, world=self.topo.world,
+                          devices_per_node=self.topo.devices_per_node, id_bytes=self.id_bytes,
+                          fwd_bytes=self.a2a_fwd_bytes, bwd_bytes=self.a2a_bwd_bytes, encoding=encoding)
+        return SCHEMES[sharding].piece_comms(traffic, shape, pooling, share=share)
+
+    def price(self, pc: PieceComm) -> Perf:
+        """One record at the holder's bytes (the larger direction) over its collective's rate, plus the host copies
+        of the embedding exchange (not of a replica's all-reduce, done in place); forward for ids and outputs."""
+        rate = {(CollectiveKind.all_to_all, GroupScope.world): self.a2a_ms_per_byte,
+                (CollectiveKind.all_to_all, GroupScope.cross_node): self.cross_node_ms_per_byte,
+                (CollectiveKind.reduce_scatter, GroupScope.world): self.reduce_scatter_ms_per_byte,
+                (CollectiveKind.all_gather, GroupScope.world): self.reduce_scatter_ms_per_byte,
+                (CollectiveKind.reduce_scatter, GroupScope.intra_node): lambda: self.reduce_scatter_ms_per_byte(True),
+                (CollectiveKind.all_gather, GroupScope.intra_node): lambda: self.reduce_scatter_ms_per_byte(True),
+                (CollectiveKind.all_reduce, GroupScope.world): lambda: 2 * self.reduce_scatter_ms_per_byte(),
+                }[pc.kind, pc.group]()
+        copy = 0.0 if pc.carries is Carries.replica_grads else self.exchange_copy_ms_per_byte
+        ms = pc.held_bytes * (rate + copy)
+        return Perf(fwd_comm=ms) if pc.carries in (Carries.ids, Carries.outputs) else Perf(bwd_comm=ms)
 
     def replica_update_ms(self, sharding: ShardingType, shape: PieceShape) -> Perf:
         """A data-parallel replica's passes over its whole fp32 table per step (dense gradient, its all-reduce in
@@ -402,10 +478,13 @@ _DENSE_STATE_WORDS = {DenseOptimizer.sgd: 0, DenseOptimizer.adagrad: 1, DenseOpt
 TRAIN_FLOPS_PER_FWD = 3
 
 
-def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync = DenseGradSync.ddp) -> DenseCost:
+def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCost:
     """The dense part per device and step: FLOPs at peak x MFU, dense_activation_passes over its activations at the
     streaming bandwidth, its kernels' fixed costs, and DDP's all-reduce unless `sync` folds the dense gradients into
-    the embeddings' backward all-to-all (exchange: their bytes ride in that collective, no collective of their own)."""
+    the embeddings' backward all-to-all (exchange: their bytes ride in that collective, CostModel.rider_ms, no
+    collective of their own). sync None: as the planner prices it before placement (`planned_dense_sync`)."""
+    if sync is None:
+        sync = planned_dense_sync(cfg)
     hw, c = cfg.hardware, cfg.planner.costs
     flops, params = dense_flops_and_params(cfg.model)
     mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu

@@ -22,9 +22,8 @@ from neocfg.config.model import ModelConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan, StepStrategies
-from neocfg.planner.costs import dense_flops_and_params
 from neocfg.sharding import SCHEMES, OutputKind, Routing
-from neocfg.sharding.collectives import Collective, step_collectives
+from neocfg.sharding.collectives import ID32_LIMIT, LENGTH_ENTRIES_PER_ID, Collective, encoding_for, step_collectives
 from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, RoutingEncoding
 
 # DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
@@ -34,15 +33,6 @@ from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExch
 # backward. Between the two is not measured; an all-to-all sends world x what a ring all-reduce sends, so the fold
 # is for small dense parts.
 DENSE_FOLD_MAX_BYTES = 1 << 20
-# The lengths encoding sends (row ranges x row-sharded tables x B) lengths per step, the codes encoding does a few
-# passes per row-sharded id. Measured (bench/bench_routing.py --rw 856 --encodings lengths,codes, one thread, int32
-# ids, prod_856 ids, route + worst receive) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length entries per id
-# (worlds 2..64, all tables row-wise): lengths 13.9 / 15.9 / 17.2 / 25.6 / 53.4 / 501 ms, codes 36.9 / 33.5 / 27.5 /
-# 29.6 / 38.8 / 60.3 ms; at 18 (128 ranks, 100 tables row-wise) route 27 vs 5.3 ms. The crossover lies near 3.4
-# (linear between 2.82 and 5.65).
-LENGTH_ENTRIES_PER_ID = 3.0
-# Values below this travel as int32: offsets of the ids of one step too must fit (2^31 - 1 ids).
-ID32_LIMIT = 2**31 - 1
 FP32 = 4
 
 
@@ -91,7 +81,7 @@ def routing_encoding(plan: Plan, model: ModelConfig) -> RoutingEncoding:
     pooling = {t.name: t.pooling_factor for t in model.tables}
     parts = max(len(plan.tables[i].shards) for i in rw)
     ids = sum(pooling[plan.tables[i].name] for i in rw)
-    return RoutingEncoding.lengths if parts * len(rw) <= LENGTH_ENTRIES_PER_ID * ids else RoutingEncoding.codes
+    return encoding_for(parts * len(rw), ids)
 
 
 def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> StepStrategies:
@@ -101,6 +91,8 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     if source_prefetches is None:
         source_prefetches = cfg.dsi.source is DataSource.synthetic
     exchange = ids_exchange(tc.ids_exchange, plan, cfg.hardware.device.kind is DeviceKind.cpu, source_prefetches)
+    from neocfg.planner.costs import dense_flops_and_params   # (costs reads this module's rules)
+
     dense_params = dense_flops_and_params(cfg.model)[1]
     return StepStrategies(
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange,
@@ -118,5 +110,7 @@ def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | Non
 def plan_collectives(cfg: NeocfgConfig, plan: Plan) -> tuple[tuple[Collective, ...], ...]:
     """Every rank's collectives per step of this plan run with cfg's model (its strategies resolved if it has none):
     the list the planner prices and the runtime issues (neocfg.sharding.collectives.step_collectives)."""
+    from neocfg.planner.costs import dense_flops_and_params
+
     plan = with_strategies(cfg, plan)
     return step_collectives(plan, cfg.model, dense_flops_and_params(cfg.model)[1], cfg.planner.costs.ddp_bucket_mib)

@@ -14,9 +14,9 @@ import inspect
 import pkgutil
 from typing import Iterable
 
-from neocfg.sharding.base import (IDS_COLLECTIVES, OUTPUT_COLLECTIVES, FBGEMM_DIM_ALIGN, CostTerms, OutputKind,
-                                  PieceShape, Routing, Scheme, Spread, ceil_div, column_slices, row_block,
-                                  row_ranges)
+from neocfg.sharding.base import (FBGEMM_DIM_ALIGN, CostTerms, OutputKind, PieceShape, Routing, Scheme, Spread,
+                                  ceil_div, column_slices, row_block, row_ranges)
+from neocfg.sharding.collectives import id_collectives, output_collectives
 from neocfg.types import ShardingType
 
 
@@ -40,12 +40,19 @@ def discover(package: str = __name__) -> dict[ShardingType, Scheme]:
 
 SCHEMES: dict[ShardingType, Scheme] = discover()
 
+# Collectives per step of each output kind (forward + backward), from the records its pieces add
+# (neocfg.sharding.collectives): all tables of a kind share them.
+OUTPUT_COLLECTIVES = {kind: output_collectives(kind.value) for kind in OutputKind}
+# Id collectives of the unpipelined step (the counts, then the payload): collectives.id_collectives.
+IDS_COLLECTIVES = id_collectives(pipeline=False, ahead=False)
 
-def embedding_collectives(shardings: Iterable[ShardingType]) -> int:
-    """Collectives per step of a plan whose tables use these sharding types (the runtime batches all tables of an
-    output kind into one collective, so the count depends on the kinds present, not on the number of tables)."""
+
+def embedding_collectives(shardings: Iterable[ShardingType], ids: int = IDS_COLLECTIVES) -> int:
+    """Collectives per step of a plan whose tables use these sharding types, `ids` of them the id exchange's (the
+    runtime batches all tables of an output kind into one collective, so the count depends on the kinds present,
+    not on the number of tables)."""
     kinds = {SCHEMES[s].kind for s in shardings}
-    return IDS_COLLECTIVES + sum(OUTPUT_COLLECTIVES[k] for k in kinds)
+    return ids + sum(OUTPUT_COLLECTIVES[k] for k in kinds)
 
 
 __all__ = ["SCHEMES", "Scheme", "OutputKind", "Routing", "Spread", "PieceShape", "CostTerms", "IDS_COLLECTIVES",

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
-from neocfg.perf import Perf
 from neocfg.plan import Shard, TablePlan
 from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
@@ -54,19 +53,8 @@ class Routing(Enum):
     local = "local"               # no routing: every replica looks up its own samples (DP)
 
 
-# Collectives per step of each output kind on the embedding process group (forward + backward); all tables of a
-# kind share them, so a plan's count depends on the kinds present, not on the number of tables.
-IDS_COLLECTIVES = 2                      # all-to-all of the per-destination counts, then one of lengths + ids
-OUTPUT_COLLECTIVES = {
-    OutputKind.all_to_all: 2,            # pooled outputs all-to-all forward, their gradients backward
-    OutputKind.reduce_scatter: 2,        # reduce-scatter of partial sums forward, all-gather backward
-    OutputKind.hierarchical: 4,          # node reduce-scatter + cross-node all-to-all, and back
-    OutputKind.replicated: 1,            # one all-reduce of every replicated table's gradient (one flat buffer)
-}
-
-
 class Topo(Protocol):
-    """The cluster's shape as the cost terms read it (neocfg.planner.types.Topology)."""
+    """The cluster's shape as the piece shapes read it (neocfg.planner.types.Topology)."""
 
     nodes: int
     devices_per_node: int
@@ -76,24 +64,13 @@ class Topo(Protocol):
 
 
 class CostTerms(Protocol):
-    """What a sharding type's cost terms read of the planner's cost model (neocfg.planner.costs.CostModel): the
-    batch, the topology and the per-byte prices of the collectives."""
+    """What a sharding type's piece shape reads of the planner's cost model (neocfg.planner.costs.CostModel)."""
 
     topo: Topo
     batch_size: int
-    a2a_fwd_bytes: int
-    a2a_bwd_bytes: int
-    exchange_copy_ms_per_byte: float
 
     @property
     def global_batch(self) -> int: ...
-
-    @property
-    def id_bytes(self) -> int: ...
-
-    def a2a_ms_per_byte(self) -> float: ...
-
-    def reduce_scatter_ms_per_byte(self, within_node: bool = False) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -260,10 +237,6 @@ class Scheme(ABC):
     def piece_shape(self, cost: CostTerms, table: "TableConfig", num_pieces: int) -> PieceShape:
         """What one device holds and serves."""
 
-    @abstractmethod
-    def comm(self, cost: CostTerms, shape: PieceShape) -> Perf:
-        """The piece's communication time (ids in, outputs out, gradients back)."""
-
     def gradient_bytes(self, shape: PieceShape) -> int:
         """Bytes of a dense gradient buffer the piece keeps besides its weights (data-parallel replicas)."""
         return 0
@@ -284,12 +257,4 @@ class Scheme(ABC):
         kind = self.kind if kind is None else kind
         if kind is OutputKind.replicated:
             return ids + c.replica_grads(self.gradient_bytes(shape))
-        outputs = {OutputKind.all_to_all: c.all_to_all_outputs, OutputKind.reduce_scatter: c.reduce_scatter_outputs,
-                   OutputKind.hierarchical: c.hierarchical_outputs}[kind]
-        return ids + outputs(traffic, shape.cols)
-
-    # ---- shared terms --------------------------------------------------------------------------------
-    @staticmethod
-    def ids_ms(cost: CostTerms, shape: PieceShape) -> float:
-        """The piece's ids arriving by the id all-to-all."""
-        return shape.lookup_rows * cost.id_bytes * (cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte)
+        return ids + c.OUTPUTS[kind.value](traffic, shape.cols)

@@ -196,6 +196,43 @@ def replica_grads(table_bytes: float) -> tuple[PieceComm, ...]:
                       held_sent=table_bytes, held_received=table_bytes),)
 
 
+# What a piece's outputs add, by output kind (replicated: its gradient, replica_grads).
+OUTPUTS = {"all_to_all": all_to_all_outputs, "reduce_scatter": reduce_scatter_outputs,
+           "hierarchical": hierarchical_outputs}
+_PROBE = Traffic(batch_size=1, world=1, devices_per_node=1, id_bytes=4, fwd_bytes=4, bwd_bytes=4)
+
+
+def output_collectives(kind_name: str) -> int:
+    """Collectives per step the pieces of an output kind add (all pieces of a kind share them): the number of
+    distinct collectives its records name (all_to_all 2, reduce_scatter 2, hierarchical 4, replicated 1)."""
+    records = OUTPUTS[kind_name](_PROBE, 1) if kind_name in OUTPUTS else replica_grads(1.0)
+    return len({(r.kind, r.group, r.carries) for r in records})
+
+
+def id_collectives(pipeline: bool, ahead: bool) -> int:
+    """Id collectives in a step: the counts, then the payload; the pipelined step's counts ride in the previous
+    payload's headers (one); ids exchanged a batch ahead in the prefetch thread leave none in the step."""
+    if ahead:
+        return 0
+    return 1 if pipeline else 2
+
+
+# Values below this travel as int32: offsets of the ids of one step too must fit (2^31 - 1 ids).
+ID32_LIMIT = 2**31 - 1
+# The lengths encoding sends (row ranges x row-sharded tables x B) lengths per step, the codes encoding does a few
+# passes per row-sharded id. Measured (bench/bench_routing.py --rw 856 --encodings lengths,codes, one thread, int32
+# ids, prod_856 ids, route + worst receive) at 0.35 / 0.71 / 1.41 / 2.82 / 5.65 / 11.3 length entries per id
+# (worlds 2..64, all tables row-wise): lengths 13.9 / 15.9 / 17.2 / 25.6 / 53.4 / 501 ms, codes 36.9 / 33.5 / 27.5 /
+# 29.6 / 38.8 / 60.3 ms; at 18 (128 ranks, 100 tables row-wise) route 27 vs 5.3 ms. The crossover lies near 3.4
+# (linear between 2.82 and 5.65).
+LENGTH_ENTRIES_PER_ID = 3.0
+
+
+def encoding_for(ranges: float, ids_per_sample: float) -> RoutingEncoding:
+    """The routing encoding of row-sharded ids: ranges x tables length entries per sample against their ids."""
+    return RoutingEncoding.lengths if ranges <= LENGTH_ENTRIES_PER_ID * ids_per_sample else RoutingEncoding.codes
+
+
 # ---- a plan's step, rank by rank ---------------------------------------------------------------------------------
 def ddp_buckets(grad_bytes: int, bucket_mib: float) -> int:
     """All-reduces DDP issues per step for this many bytes of dense gradients."""
@@ -262,7 +299,7 @@ def step_collectives(plan: "Plan", model: "ModelConfig", dense_params: int,
             rank.append(Collective(*key, count=count, sent=h[0] + e[0] + sent, received=h[1] + e[1] + received,
                                    overlapped=overlapped))
 
-        if not st.pipeline or ahead:   # the pipelined step's counts ride in the previous payload's headers
+        if id_collectives(st.pipeline, ahead) != 1:   # (pipelined: counts in the previous payload's headers)
             counts = world * header * COUNT_BYTES
             add((CollectiveKind.all_to_all, GroupScope.world, Carries.id_counts), sent=counts, received=counts,
                 overlapped=ahead)

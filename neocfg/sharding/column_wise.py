@@ -6,9 +6,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from neocfg.plan import Shard
-from neocfg.perf import Perf
 from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread, column_slices
-from neocfg.sharding.table_wise import all_to_all_comm
 from neocfg.types import ShardingType
 
 
@@ -27,6 +25,3 @@ class ColumnWise(Scheme):
         widest = column_slices(table.embedding_dim, num_pieces)[0][1]
         return PieceShape(rows=table.num_embeddings, cols=widest, lookup_rows=g * table.pooling_factor,
                           output_samples=g)
-
-    def comm(self, cost, shape: PieceShape) -> Perf:
-        return all_to_all_comm(cost, shape, self.ids_ms(cost, shape))

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from neocfg.plan import Shard
-from neocfg.perf import Perf
 from neocfg.sharding.base import FP32, OutputKind, PieceShape, Routing, Scheme, Spread
 from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
@@ -34,9 +33,6 @@ class DataParallel(Scheme):
         return PieceShape(rows=table.num_embeddings, cols=table.embedding_dim,
                           lookup_rows=b * table.pooling_factor, output_samples=b)
 
-    def comm(self, cost, shape: PieceShape) -> Perf:
-        # the fp32 table gradient all-reduced: a reduce-scatter and an all-gather of the whole buffer
-        return Perf(bwd_comm=2 * self.gradient_bytes(shape) * cost.reduce_scatter_ms_per_byte())
 
     def gradient_bytes(self, shape: PieceShape) -> int:
         return shape.rows * shape.cols * FP32

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from neocfg.plan import Shard
-from neocfg.perf import Perf
 from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread, ceil_div, row_ranges
 from neocfg.types import ShardingType
 
@@ -46,8 +45,3 @@ class RowWise(RowSplit):
     def piece_shape(self, cost, table, num_pieces: int) -> PieceShape:
         return PieceShape(rows=ceil_div(table.num_embeddings, cost.topo.world), cols=table.embedding_dim,
                           lookup_rows=cost.batch_size * table.pooling_factor, output_samples=cost.global_batch)
-
-    def comm(self, cost, shape: PieceShape) -> Perf:
-        # partial pooled sums of every sample, reduce-scattered (fwd) / all-gathered (bwd) over the world
-        rs = shape.output_samples * shape.cols * (cost.reduce_scatter_ms_per_byte() + cost.exchange_copy_ms_per_byte)
-        return Perf(fwd_comm=self.ids_ms(cost, shape) + rs * cost.a2a_fwd_bytes, bwd_comm=rs * cost.a2a_bwd_bytes)

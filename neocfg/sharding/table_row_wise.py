@@ -3,7 +3,6 @@ sent across nodes by an all-to-all among the ranks with the same local index (th
 
 from __future__ import annotations
 
-from neocfg.perf import Perf
 from neocfg.sharding.base import OutputKind, PieceShape, Spread, ceil_div
 from neocfg.sharding.row_wise import RowSplit
 from neocfg.types import ShardingType
@@ -19,10 +18,3 @@ class TableRowWise(RowSplit):
         p = cost.topo.devices_per_node
         return PieceShape(rows=ceil_div(table.num_embeddings, p), cols=table.embedding_dim,
                           lookup_rows=cost.global_batch * table.pooling_factor / p, output_samples=cost.global_batch)
-
-    def comm(self, cost, shape: PieceShape) -> Perf:
-        copy = cost.exchange_copy_ms_per_byte
-        rs = shape.output_samples * shape.cols * (cost.reduce_scatter_ms_per_byte(within_node=True) + copy)
-        out = shape.output_samples / cost.topo.devices_per_node * shape.cols * (cost.a2a_ms_per_byte() + copy)
-        return Perf(fwd_comm=self.ids_ms(cost, shape) + (rs + out) * cost.a2a_fwd_bytes,
-                    bwd_comm=(rs + out) * cost.a2a_bwd_bytes)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from neocfg.plan import Shard
-from neocfg.perf import Perf
 from neocfg.sharding.base import OutputKind, PieceShape, Routing, Scheme, Spread
 from neocfg.types import ShardingType
 
@@ -24,12 +23,3 @@ class TableWise(Scheme):
         g = cost.global_batch
         return PieceShape(rows=table.num_embeddings, cols=table.embedding_dim,
                           lookup_rows=g * table.pooling_factor, output_samples=g)
-
-    def comm(self, cost, shape: PieceShape) -> Perf:
-        return all_to_all_comm(cost, shape, self.ids_ms(cost, shape))
-
-
-def all_to_all_comm(cost, shape: PieceShape, ids_ms: float) -> Perf:
-    """ids in; the pooled outputs of every global sample out by all-to-all, their gradients back the same way."""
-    out = shape.output_samples * shape.cols * (cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte)
-    return Perf(fwd_comm=ids_ms + out * cost.a2a_fwd_bytes, bwd_comm=out * cost.a2a_bwd_bytes)
