@@ -199,15 +199,9 @@ class FilterCmp(Enum):
 class _BackendKinds(Enum):
     """Where DPP workers run: one member per backend module in neocfg/data/dpp/backends/ (local processes per trainer
     rank, the default; inline in the trainer process, no parallelism; Ray actors under one job-wide master actor; and
-    any backend added there as one module)."""
+    any backend added there as one module). Whether a backend serves the whole job or one rank is its module's
+    declaration: neocfg.data.dpp.backends.backend_of(kind).job_wide."""
 
-    @property
-    def job_wide(self) -> bool:
-        """One service for the whole job (a master shared by every rank, split indices over the whole dataset), or
-        one per rank over that rank's share of the splits: what the backend's module declares."""
-        from neocfg.data.dpp.backends import backend_of
-
-        return backend_of(self).job_wide
 
 
 def _backend_names() -> list[str]:

@@ -59,7 +59,7 @@ class DppSource:
         self.setup, self.kind, self.workers, self.client_index = setup, kind, workers, client
         self.options, self.log = options, log
         self.service: Optional[DppService] = None
-        if not kind.job_wide:
+        if not backend_of(kind).job_wide:
             self._start()
 
     def _start(self) -> None:
@@ -93,7 +93,7 @@ class DppSource:
 
     @property
     def scope(self) -> str:
-        return "job" if self.kind.job_wide else "rank"
+        return "job" if backend_of(self.kind).job_wide else "rank"
 
     def state_dict(self) -> dict[str, Any]:
         return {STATE_KEY: self.position().to_state(), SCOPE_KEY: self.scope}
@@ -132,7 +132,7 @@ class DppSource:
         out.update({"data_wait_seconds": c.wait_s, "data_first_batch_seconds": c.first_wait_s or 0.0,
                     "data_stall_fraction": c.stall_fraction, "samples_delivered": c.delivered,
                     "duplicate_samples": c.tracker.duplicates})
-        if self.kind.job_wide and self.client_index != 0:
+        if backend_of(self.kind).job_wide and self.client_index != 0:
             return out
         s = self.service.stats()
         out.update({"duplicate_samples": c.tracker.duplicates + s.duplicate_rows,
@@ -167,7 +167,7 @@ def make_dpp_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool
                 else f"its only .parquet files match dsi.eval_files={d.eval_files!r}")
         raise DataError(f"{directory}: the dataset has no {'eval' if eval else 'training'} files; {hint}")
     kind = DppBackendKind.inline if eval else d.backend
-    job_wide = kind.job_wide
+    job_wide = backend_of(kind).job_wide
     splits = every if job_wide else rank_splits(every, rank, world_size)
     _warn_small_dataset(cfg, rank, world_size, sum(s.rows for s in every), eval)
     spec = WorkerSpec(columns=columns, transforms=tuple(bind(d.transforms, columns)), batch_size=cfg.train.batch_size)

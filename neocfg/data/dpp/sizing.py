@@ -19,6 +19,7 @@ from typing import Optional
 
 from neocfg.config.dsi import DsiConfig
 from neocfg.plan import DppSizing
+from neocfg.data.dpp.backends import backend_of
 from neocfg.types import DppBackendKind
 
 
@@ -65,7 +66,7 @@ def worker_count(dsi: DsiConfig, world_size: int, sizing: Optional[PlannedDpp] =
     """cpus: one trainer host's cores (hardware.host.cpu_cores), which the local worker processes of its ranks
     (ranks_per_host, default every rank: hardware.devices_per_node) share."""
     backend = backend or dsi.backend
-    job_wide = backend.job_wide
+    job_wide = backend_of(backend).job_wide
     cap = dsi.max_workers
     if dsi.workers != "auto":
         total = int(dsi.workers)
