@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,7 +64,6 @@ def machine() -> str:
 def record_results(section: str, body: str, path: Path = RESULTS) -> None:
     """Replace (or add) `## <section>` of bench/RESULTS.md with `body`, headed by the command, date and machine."""
     import datetime
-    import re
     import shlex
 
     command = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
@@ -72,5 +72,50 @@ def record_results(section: str, body: str, path: Path = RESULTS) -> None:
     text = path.read_text() if path.exists() else RESULTS_HEADER
     pattern = re.compile(rf"^## {re.escape(section)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: block + "\n", text, count=1) if pattern.search(text) else text.rstrip("\n") + "\n\n" + block
-    path.write_text(text.rstrip("\n") + "\n")
+    text = text.rstrip("\n") + "\n"
+    readme = refresh_readme(README.read_text(), text) if path == RESULTS and README.exists() else None
+    path.write_text(text)
     print(f"results: section '{section}' of {path}", file=sys.stderr)
+    if readme is not None:
+        README.write_text(readme)
+
+
+README = REPO / "README.md"
+# A README block that quotes one table of a RESULTS section, refreshed whenever that section is recorded:
+#   <!-- results: <section>; table <n> -->  ...generated...  <!-- /results -->
+README_BLOCK = re.compile(r"(?P<open><!-- results: (?P<section>[^;>]+); table (?P<index>\d+) -->\n)"
+                          r"(?P<body>.*?)(?P<close><!-- /results -->)", re.S)
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
+
+
+def results_section(section: str, results_text: str) -> str:
+    found = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", results_text, re.S | re.M)
+    if found is None:
+        raise KeyError(f"bench/RESULTS.md has no section '{section}'")
+    return found.group(1)
+
+
+def quoted_table(section: str, index: int, results_text: str) -> str:
+    """The README's quote of table `index` (from 1) of a RESULTS section, under the run's command, date and machine."""
+    body = results_section(section, results_text)
+    header = next((line for line in body.splitlines() if line.startswith("Command: ")), "")
+    tables = re.findall(r"(?:^\|.*\n?)+", body, re.M)
+    if not 1 <= index <= len(tables):
+        raise KeyError(f"bench/RESULTS.md section '{section}' has {len(tables)} tables, not a table {index}")
+    source = f"From [bench/RESULTS.md](bench/RESULTS.md#{anchor(section)}). {header}".rstrip()
+    return f"{source}\n\n{tables[index - 1].rstrip()}\n"
+
+
+def refresh_readme(readme_text: str, results_text: str) -> str:
+    """README text with every results block re-quoted from the RESULTS text."""
+    return README_BLOCK.sub(lambda m: m["open"] + quoted_table(m["section"].strip(), int(m["index"]), results_text)
+                            + m["close"], readme_text)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--readme"]:
+    README.write_text(refresh_readme(README.read_text(), RESULTS.read_text()))
+    print(f"re-quoted the results blocks of {README}", file=sys.stderr)

@@ -107,3 +107,25 @@ def test_nothing_narrates_the_projects_history(where):
             if HISTORY.search(line):
                 hits.append(f"{name}:{i}: {line.strip()[:100]}")
     assert not hits, "\n".join(hits)
+
+
+def _bench_common():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_common", REPO / "bench" / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_quotes_the_recorded_results_as_they_are():
+    """The README's result tables are bench/RESULTS.md's, re-quoted by the benches (`python bench/common.py --readme`)."""
+    common = _bench_common()
+    readme, results = README.read_text(), (REPO / "bench" / "RESULTS.md").read_text()
+    blocks = common.README_BLOCK.findall(readme)
+    assert len(blocks) >= 2, "the README quotes the speed and TorchRec-planner tables"
+    assert common.refresh_readme(readme, results) == readme, (
+        "a README results table differs from bench/RESULTS.md: run `python bench/common.py --readme`")
+    for block in common.README_BLOCK.finditer(readme):
+        assert "Command: `python bench/" in block["body"] and "| ---" not in block["body"].split("|", 1)[0]
+        assert re.search(r"^\|.*\|$", block["body"], re.M), f"the '{block['section']}' quote holds a table"
