@@ -29,13 +29,12 @@ def load_or_make_plan(cfg: NeocfgConfig) -> Plan:
         from neocfg.plan_check import load_plan_file
 
         plan = load_plan_file(cfg.planner.plan_file, cfg.model, cfg.hardware.num_devices)
-        if plan.strategies is None:
-            plan = with_strategies(cfg, plan)
-        else:
+        if plan.strategies is not None:
             resolved = resolve_strategies(cfg, plan)
             if resolved != plan.strategies:
                 print(f"neocfg: note: running the plan file's strategies ({plan.strategies.describe()}); this config"
                       f" would resolve to {resolved.describe()}")
+        plan = with_strategies(cfg, plan)
     else:
         from neocfg.planner.advice import plan_or_advise
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from neocfg.fileio import read_json, write_text_atomic
-from neocfg.types import (CommDtype, DenseGradSync, IdDtype, IdsExchange, MemoryTier, RoutingEncoding, ShardingType,
-                          WeightsDtype)
+from neocfg.types import (Carries, CollectiveKind, CommDtype, DenseGradSync, GroupScope, IdDtype, IdsExchange,
+                          MemoryTier, RoutingEncoding, ShardingType, WeightsDtype)
 
 PLAN_FORMAT_VERSION = 1
 # SolverReport.algorithm of a plan rated as given (planner.plan_file in mode=plan, a converted TorchRec plan).
@@ -132,6 +132,36 @@ class StepStrategies:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """One collective of a rank's step: `count` calls a step (each rank issues the same ones, in the same order,
+    on the group's ranks), moving `sent` / `received` bytes in all; overlapped: it runs beside compute (the
+    pipelined step's id payload, ids exchanged in the prefetch thread, DDP's buckets during backward)."""
+
+    kind: CollectiveKind
+    group: GroupScope
+    carries: Carries
+    count: int
+    sent: float
+    received: float
+    overlapped: bool = False
+
+    @property
+    def key(self) -> tuple[CollectiveKind, GroupScope, Carries]:
+        return self.kind, self.group, self.carries
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind.value, "group": self.group.value, "carries": self.carries.value,
+                "count": self.count, "sent": round(self.sent), "received": round(self.received),
+                "overlapped": self.overlapped}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Collective":
+        return Collective(kind=CollectiveKind(d["kind"]), group=GroupScope(d["group"]), carries=Carries(d["carries"]),
+                          count=int(d["count"]), sent=float(d["sent"]), received=float(d["received"]),
+                          overlapped=bool(d.get("overlapped", False)))
+
+
+@dataclass(frozen=True)
 class Plan:
     model_name: str
     world_size: int
@@ -146,6 +176,9 @@ class Plan:
     solver: SolverReport
     dpp: Optional[DppSizing] = None
     strategies: Optional[StepStrategies] = None
+    # Every rank's collectives per step under the strategies (neocfg.sharding.collectives.step_collectives): what
+    # the planner priced and the runtime issues. Derived: a plan file's list is re-derived when it is loaded to run.
+    collectives: tuple[tuple[Collective, ...], ...] = ()
 
     def table(self, name: str) -> TablePlan:
         for t in self.tables:
@@ -170,7 +203,8 @@ class Plan:
             return obj
 
         d = {"format_version": PLAN_FORMAT_VERSION}
-        d.update({k: enc(v) for k, v in asdict(self).items()})
+        d.update({k: enc(v) for k, v in asdict(self).items() if k != "collectives"})
+        d["collectives"] = [[c.to_dict() for c in rank] for rank in self.collectives]
         # asdict recursed through the dataclasses but kept the enums; enc turned them into their names.
         return d
 
@@ -189,7 +223,8 @@ class Plan:
             tables=tables, devices=tuple(DeviceEstimate(**x) for x in d["devices"]),
             estimate=Estimate(**d["estimate"]), solver=SolverReport(**d["solver"]),
             dpp=DppSizing(**d["dpp"]) if d.get("dpp") else None,
-            strategies=StepStrategies.from_dict(d["strategies"]) if d.get("strategies") else None)
+            strategies=StepStrategies.from_dict(d["strategies"]) if d.get("strategies") else None,
+            collectives=tuple(tuple(Collective.from_dict(c) for c in rank) for rank in d.get("collectives", ())))
 
     def save(self, path: Path) -> None:
         """Write atomically: a crash leaves either the old file or the new one, never half of one."""

@@ -117,6 +117,33 @@ class RoutingEncoding(Enum):
     codes = "codes"
 
 
+# ---- the step's collectives (neocfg.sharding.collectives; Plan.collectives) ----
+class CollectiveKind(Enum):
+    all_to_all = "all_to_all"
+    reduce_scatter = "reduce_scatter"
+    all_gather = "all_gather"
+    all_reduce = "all_reduce"
+
+
+class GroupScope(Enum):
+    """Which ranks take part in one collective."""
+
+    world = "world"
+    intra_node = "intra_node"    # the ranks of one node
+    cross_node = "cross_node"    # one rank per node, the same local index
+
+
+class Carries(Enum):
+    """What a collective moves (and so which of the runtime's process groups it runs on)."""
+
+    id_counts = "id_counts"          # per-destination sizes of the id payload (int64)
+    ids = "ids"                      # lengths, ids (and bag codes) of the batch, in the plan's id dtype
+    outputs = "outputs"              # pooled outputs, forward, in a2a_fwd_dtype
+    output_grads = "output_grads"    # their gradients, backward, in a2a_bwd_dtype (and the dense gradients riding)
+    replica_grads = "replica_grads"  # the data-parallel replicas' fp32 table gradient
+    dense_grads = "dense_grads"      # DDP's all-reduce of the dense gradients (fp32 buckets)
+
+
 class DensePrecision(Enum):
     """Math of the dense part (MLPs, interaction). tf32: fp32 storage, TF32 tensor-core matmuls on CUDA (plain fp32 on
     a CPU); bf16: autocast to bfloat16."""

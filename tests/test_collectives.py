@@ -1,17 +1,19 @@
 """The step's collectives are one list: what the plan says a step issues (neocfg.sharding.collectives, priced by the
 planner) is what the ranks issue. Each rank wraps torch.distributed's collectives during a few training steps and
-records every call (kind, process group, bytes in and out); the steady steps must equal the plan's list, for every
-sharding type, both pipelines, both dense-gradient syncs, ids exchanged in the step or a batch ahead, both routing
-encodings and id dtypes, and 2 and 4 ranks (2 nodes: the two-level exchange)."""
+records every call (kind, process group, bytes in and out); the steady steps must equal the plan's list (plan.json's
+`collectives`), for every sharding type, both pipelines, both dense-gradient syncs, ids exchanged in the step or a
+batch ahead, both routing encodings and id dtypes, and 2 and 4 ranks (2 nodes: the two-level exchange)."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from collections import defaultdict
 
 from conftest import compose_cfg
-from neocfg.planner.strategies import plan_collectives, with_strategies
+from neocfg.plan import Plan
+from neocfg.planner.strategies import with_collectives, with_strategies
 from neocfg.runtime.launch import launch
 from neocfg.runtime.plans import rule_plan
 from neocfg.sharding.collectives import Carries, CollectiveKind, GroupScope
@@ -50,7 +52,8 @@ def _job(cfg, world, per, sharding=None, fp16_table=None, **strategies):
         plan = dataclasses.replace(plan, tables=tuple(tables))
     plan = with_strategies(cfg, plan)
     plan = dataclasses.replace(plan, strategies=dataclasses.replace(plan.strategies, **strategies))
-    return cfg, plan
+    # as a plan file holds it: the strategies pinned, the collectives they issue listed in plan.json
+    return cfg, Plan.from_dict(json.loads(json.dumps(with_collectives(cfg, plan).to_dict())))
 
 
 def _record(env, jobs):
@@ -166,7 +169,8 @@ def _group_of(c, ahead):
 def _check(jobs, world):
     ran = launch(_record, (jobs,), world=world, backend=Backend.gloo, timeout_s=300)
     for j, (cfg, plan) in enumerate(jobs):
-        lists = plan_collectives(cfg, plan)
+        lists = plan.collectives   # plan.json's list
+        assert len(lists) == world
         ahead = plan.strategies.ids_exchange is IdsExchange.prefetch
         steady = range(1, STEPS - 1)   # the pipelined step's first exchanges the counts, its last sends nothing
         ids_received = defaultdict(int)
@@ -232,3 +236,34 @@ def test_four_ranks_on_two_nodes_issue_the_plans_collectives():
         _job(base, 4, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.ddp),
     ]
     _check(jobs, 4)
+
+
+def test_mode_plan_writes_the_steps_collectives_and_a_given_plans_are_rederived(cli, tmp_path):
+    """plan.json lists every rank's collectives (here, every table table-wise under DDP: the id payload, the pooled
+    outputs' all-to-all and their gradients', DDP's all-reduce), the console prints one line per collective, and a
+    plan file's own list is never trusted: rating it writes the list its placement and strategies issue."""
+    args = ["mode=plan", "model=dlrm_tiny", "hardware=cpu_local", "train.batch_size=64", "train.pipeline=true",
+            "train.dense_grad_sync=ddp", "planner.sharding_types=[table_wise]"]
+    first = cli(*args, "hydra.run.dir=first")
+    assert first.returncode == 0, first.stderr
+    d = json.loads((tmp_path / "first" / "plan.json").read_text())
+    cfg = compose_cfg(["model=dlrm_tiny", "hardware=cpu_local"])
+    dims = {t.name: t.embedding_dim for t in cfg.model.tables}
+    world, batch, fp32 = d["world_size"], 64, 4
+    assert len(d["collectives"]) == world
+    for rank, listed in enumerate(d["collectives"]):
+        by = {(c["kind"], c["carries"]): c for c in listed}
+        assert set(by) == {("all_to_all", "ids"), ("all_to_all", "outputs"), ("all_to_all", "output_grads"),
+                           ("all_reduce", "dense_grads")}, listed
+        held = sum(dims[t["name"]] for t in d["tables"] if t["shards"][0]["rank"] == rank)
+        # pooled outputs: this rank's tables for every sample of the world out, every table for its own samples in
+        assert by["all_to_all", "outputs"]["sent"] == held * batch * world * fp32
+        assert by["all_to_all", "outputs"]["received"] == sum(dims.values()) * batch * fp32
+        assert by["all_to_all", "ids"]["overlapped"] and not by["all_to_all", "outputs"]["overlapped"]
+    printed = [line for line in first.stdout.splitlines() if line.startswith("  ") and " x " in line]
+    assert len(printed) == 4 and any("all_reduce over world: dense grads" in line for line in printed)
+    given = dict(d, collectives=[[dict(c, sent=1, count=9) for c in rank] for rank in d["collectives"]])
+    (tmp_path / "given.json").write_text(json.dumps(given))
+    rated = cli(*args, f"planner.plan_file={tmp_path / 'given.json'}", "hydra.run.dir=rated")
+    assert rated.returncode == 0, rated.stderr
+    assert json.loads((tmp_path / "rated" / "plan.json").read_text())["collectives"] == d["collectives"]

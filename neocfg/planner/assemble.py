@@ -12,6 +12,7 @@ from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, Ste
 from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost, planned_dense_sync
 from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
+from neocfg.planner.strategies import with_collectives
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
 from neocfg.tiers import TIERS
@@ -112,8 +113,8 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
                             placement_source=result.placement_source.value),
         strategies=strategies)
     dp_update, dp_all_reduce = replica_backward_ms(cfg, plan, cost)
-    return dataclasses.replace(plan, estimate=dataclasses.replace(plan.estimate, dp_update_ms=dp_update,
-                                                                  dp_all_reduce_ms=dp_all_reduce))
+    return with_collectives(cfg, dataclasses.replace(plan, estimate=dataclasses.replace(
+        plan.estimate, dp_update_ms=dp_update, dp_all_reduce_ms=dp_all_reduce)))
 
 
 def replica_backward_ms(cfg: NeocfgConfig, plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:

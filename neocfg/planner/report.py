@@ -50,6 +50,31 @@ def _listed(plan: Plan) -> tuple[list[DeviceEstimate], int]:
     return shown, len(devs) - len(shown)
 
 
+def _bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def collective_lines(plan: Plan) -> list[str]:
+    """One line per collective of a step (Plan.collectives, in the order a step issues them): calls per step, the
+    group, what it carries, the most bytes any rank sends in it, and whether it overlaps compute."""
+    if not plan.collectives:
+        return []
+    order: list = []
+    most: dict = {}
+    for rank in plan.collectives:
+        for c in rank:
+            if c.key not in most:
+                order.append(c)
+            most[c.key] = max(most.get(c.key, 0.0), c.sent)
+    lines = [f"collectives per step ({len(order)}; bytes: the most a rank sends):"]
+    lines += [f"  {c.count} x {c.kind.value} over {c.group.value.replace('_', ' ')}: {c.carries.value.replace('_', ' ')},"
+              f" {_bytes(most[c.key])}, {'overlapped' if c.overlapped else 'exposed'}" for c in order]
+    return lines
+
+
 def summary(cfg: NeocfgConfig, plan: Plan) -> str:
     hw = cfg.hardware
     caps = Capacities.of(cfg)
@@ -79,6 +104,7 @@ def summary(cfg: NeocfgConfig, plan: Plan) -> str:
         + "; weights: " + ", ".join(f"{k} {v}" for k, v in sorted(per_dtype.items())),
         f"estimate: step {e.step_ms:,.3f} ms (dense {e.dense_ms:,.3f} ms), {e.samples_per_s:,.0f} samples/s",
         f"step: {plan.strategies.describe() if plan.strategies else 'strategies not resolved'}",
+        *collective_lines(plan),
         (f"solver {s.algorithm}: {s.status}; rated in {s.seconds:.2f} s" if s.algorithm == GIVEN_PLAN_ALGORITHM else
          f"solver {s.algorithm}: {s.status}; objective {s.objective_ms:,.4f} ms, lower bound"
          f" {s.lower_bound_ms:,.4f} ms (over every plan of the enumerated options), gap {100 * s.gap:.2f}%,"

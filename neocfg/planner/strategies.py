@@ -101,10 +101,16 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:
-    """The plan with its strategies resolved for cfg (those it carries are kept: pinned by a plan file)."""
-    if plan.strategies is not None:
-        return plan
-    return dataclasses.replace(plan, strategies=resolve(cfg, plan, source_prefetches))
+    """The plan with its strategies resolved for cfg (those it carries are kept: pinned by a plan file) and the
+    collectives they make a step issue."""
+    if plan.strategies is None:
+        plan = dataclasses.replace(plan, strategies=resolve(cfg, plan, source_prefetches))
+    return with_collectives(cfg, plan)
+
+
+def with_collectives(cfg: NeocfgConfig, plan: Plan) -> Plan:
+    """The plan with Plan.collectives derived from its strategies (a plan file's own list is never trusted)."""
+    return dataclasses.replace(plan, collectives=plan_collectives(cfg, plan))
 
 
 def plan_collectives(cfg: NeocfgConfig, plan: Plan) -> tuple[tuple[Collective, ...], ...]:
@@ -112,5 +118,6 @@ def plan_collectives(cfg: NeocfgConfig, plan: Plan) -> tuple[tuple[Collective, .
     the list the planner prices and the runtime issues (neocfg.sharding.collectives.step_collectives)."""
     from neocfg.planner.costs import dense_flops_and_params
 
-    plan = with_strategies(cfg, plan)
+    if plan.strategies is None:
+        plan = dataclasses.replace(plan, strategies=resolve(cfg, plan))
     return step_collectives(plan, cfg.model, dense_flops_and_params(cfg.model)[1], cfg.planner.costs.ddp_bucket_mib)

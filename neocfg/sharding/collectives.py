@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass, replace
-from enum import Enum
 from typing import TYPE_CHECKING, Iterable, Optional, Sequence
 
-from neocfg.types import IdsExchange, DenseGradSync, RoutingEncoding
+from neocfg.plan import Collective
+from neocfg.types import Carries, CollectiveKind, DenseGradSync, GroupScope, IdsExchange, RoutingEncoding
 
 if TYPE_CHECKING:
     from neocfg.config.model import ModelConfig
@@ -42,32 +42,6 @@ FP32 = 4
 # DDP's gradient buckets (torch.nn.parallel.DistributedDataParallel): the first holds up to 1 MiB
 # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), the others up to bucket_cap_mb (planner.costs.ddp_bucket_mib).
 DDP_FIRST_BUCKET_BYTES = 1 << 20
-
-
-class CollectiveKind(Enum):
-    all_to_all = "all_to_all"
-    reduce_scatter = "reduce_scatter"
-    all_gather = "all_gather"
-    all_reduce = "all_reduce"
-
-
-class GroupScope(Enum):
-    """Which ranks take part in one collective."""
-
-    world = "world"
-    intra_node = "intra_node"    # the ranks of one node
-    cross_node = "cross_node"    # one rank per node, the same local index
-
-
-class Carries(Enum):
-    """What a collective moves (and so which of the runtime's process groups it runs on)."""
-
-    id_counts = "id_counts"          # per-destination sizes of the id payload (int64)
-    ids = "ids"                      # lengths, ids (and bag codes) of the batch, in the plan's id dtype
-    outputs = "outputs"              # pooled outputs, forward, in a2a_fwd_dtype
-    output_grads = "output_grads"    # their gradients, backward, in a2a_bwd_dtype (and the dense gradients riding)
-    replica_grads = "replica_grads"  # the data-parallel replicas' fp32 table gradient
-    dense_grads = "dense_grads"      # DDP's all-reduce of the dense gradients (fp32 buckets)
 
 
 @dataclass(frozen=True)
@@ -109,30 +83,6 @@ class PieceComm:
     def held_bytes(self) -> float:
         """What the holder's link moves: the larger direction."""
         return max(self.held_sent, self.held_received)
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a rank's step: `count` calls a step (each rank issues the same ones, in the same order,
-    on the group's ranks), moving `sent` / `received` bytes in all; overlapped: it runs beside compute (the
-    pipelined step's id payload, ids exchanged in the prefetch thread, DDP's buckets during backward)."""
-
-    kind: CollectiveKind
-    group: GroupScope
-    carries: Carries
-    count: int
-    sent: float
-    received: float
-    overlapped: bool = False
-
-    @property
-    def key(self) -> tuple[CollectiveKind, GroupScope, Carries]:
-        return self.kind, self.group, self.carries
-
-    def to_dict(self) -> dict[str, object]:
-        return {"kind": self.kind.value, "group": self.group.value, "carries": self.carries.value,
-                "count": self.count, "sent": round(self.sent), "received": round(self.received),
-                "overlapped": self.overlapped}
 
 
 # ---- what a piece adds: its ids by its routing, its outputs by its output kind ------------------------------------
