@@ -407,6 +407,17 @@ def test_sharder_kernels_bound_the_plan():
         NeocfgShardingPlanner(topo).plan(model, [_only(["table_wise", "row_wise"], ["fused"])])
 
 
+def test_sharder_sharding_types_bound_the_plan():
+    """The sharders' sharding_types() bound each table's options as TorchRec's enumerator does: a plan free to choose
+    uses a type outside a narrower sharder's offer, and with that sharder every table takes one of the offered."""
+    model, topo = _sparse_nn(rows=5000, dims=(16, 32, 64, 128)), _cuda(world=4, local=2)
+    free = {ps.sharding_type for ps in _shardings(NeocfgShardingPlanner(topo).plan(model, None)).values()}
+    for offered in (["row_wise"], ["table_wise", "data_parallel"]):
+        assert free - set(offered), (free, offered)   # unbounded, the plan would leave the offer
+        got = _shardings(NeocfgShardingPlanner(topo).plan(model, [_only(offered, ["fused", "dense"])]))
+        assert {ps.sharding_type for ps in got.values()} <= set(offered) and len(got) == 4, got
+
+
 def _rank_bytes(planner, world):
     """TorchRec's storage estimate of the chosen shards, summed per rank (HBM)."""
     per = [0] * world

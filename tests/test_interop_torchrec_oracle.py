@@ -7,9 +7,14 @@ it; the plan each rank received is recorded and checked too.
 - EmbeddingBagCollection (TestSparseNN, with a weighted EBC beside it): table-, column-, table-column-, row-wise and
   data-parallel, every sharding type TorchRec's CPU runtime runs.
 - EmbeddingCollection (TestMixedEmbeddingSparseArch, the wheel's sequence-embedding model): table-, column- and
-  row-wise. TorchRec 1.8's runtime runs no other: ShardedEmbeddingCollection raises "Sharding not supported
-  table_column_wise", and its data-parallel forward on CPU fails in construct_jagged_tensors (split sizes of the
-  ids against one row per bag) -- with TorchRec's own EmbeddingShardingPlanner too, so no plan can pass them.
+  row-wise. TorchRec 1.8 with fbgemm-gpu-cpu 1.8 runs no other on CPU, whatever the model or the planner
+  (test_embedding_collection_runs_no_other_sharding_on_cpu checks both causes, so an upgrade that lifts one says so):
+  table-column-wise is not among EmbeddingCollectionSharder.sharding_types() and
+  ShardedEmbeddingCollection.create_embedding_sharding raises "Sharding not supported table_column_wise"
+  (torchrec/distributed/embedding.py); data-parallel takes the `dense` kernel (BaseEmbeddingSharder.compute_kernels),
+  whose sequence lookup (embedding_lookup.py: GroupedEmbeddingsLookup -> BatchedDenseEmbedding ->
+  fbgemm's DenseTableBatchedEmbeddingBagsCodegen, PoolingMode.NONE) returns pooled rows on CPU, one per bag, where
+  construct_jagged_tensors splits one row per id.
 
 All cases run in one pair of spawned ranks (TorchRec's import dominates a spawn); a case's failure is recorded
 and the next case runs. Skipped, saying why, where TorchRec is not installed (`make test` runs this file in
@@ -171,3 +176,21 @@ def test_torchrec_oracle_with_neocfg_plan(oracle, case):
                 assert n == shards[sharding], (name, n)
         if sharding in ("column_wise", "table_column_wise"):   # min_partition cut each table in two
             assert all(n == 2 for _, _, n in r["plan"].values()), r["plan"]
+
+
+def test_embedding_collection_runs_no_other_sharding_on_cpu():
+    """Why the EmbeddingCollection cases stop at table-, column- and row-wise (the module docstring): TorchRec's EC
+    sharding offers no table-column-wise and refuses to build it, and the dense kernel of its data-parallel lookup
+    pools on CPU though asked for one row per id. When either changes, the cases above should grow."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder, ShardedEmbeddingCollection
+
+    sharder = EmbeddingCollectionSharder()
+    assert "table_column_wise" not in sharder.sharding_types("cpu")
+    assert sharder.compute_kernels("data_parallel", "cpu") == ["dense"]
+    with pytest.raises(ValueError, match="Sharding not supported table_column_wise"):
+        ShardedEmbeddingCollection.create_embedding_sharding("table_column_wise", [], None)
+    lookup = DenseTableBatchedEmbeddingBagsCodegen([(30, 16), (47, 16)], pooling_mode=PoolingMode.NONE, use_cpu=True)
+    ids, offsets = torch.arange(7), torch.tensor([0, 2, 3, 5, 7])   # 2 tables x 2 bags, 7 ids
+    assert tuple(lookup(ids, offsets).shape) == (2, 32)   # one pooled row per sample, not (7, 16)
