@@ -291,7 +291,15 @@ def results_section(planning: list[dict[str, Any]]) -> str:
              "\"drop-in\" is `NeocfgShardingPlanner` (TorchRec's options); \"neocfg's own planner\" is `neocfg "
              "mode=plan` on the preset (its own options: column slices down to 16 columns, row-wise across the "
              "world), and its two ablations remove one of those. Planning time: median of the repeats, in seconds.",
-             ""]
+             "", "In short (each plan's step over TorchRec's plan's, by TorchRec's estimator / by neocfg's):", "",
+             "| model | GPUs | planning s: TorchRec / drop-in | drop-in, TorchRec's estimator | drop-in, neocfg's "
+             "estimator | neocfg's own planner |", "|---|---:|---|---|---|---|"]
+    for r in planning:
+        by = {who: f"x{r['over_torchrec_by_torchrec'][who]} / x{r['over_torchrec_by_neocfg'][who]}" for who in PLANNERS}
+        s = r["planning_s_median"]
+        lines.append(f"| {r['model']} | {r['world']} | {s['torchrec']:.2f} / {s['dropin_torchrec_estimator']:.2f} |"
+                     f" {by['dropin_torchrec_estimator']} | {by['dropin_neocfg_estimator']} | {by['native']} |")
+    lines.append("")
     for r in planning:
         lines += [f"**{r['model']} ({r['tables']} tables), {r['world']} GPUs**"
                   f"{' (TorchRec ran into its timeout)' if r['torchrec_hit_timeout'] else ''}", "",
