@@ -115,6 +115,7 @@ class StepStrategies:
     dense_grad_sync: DenseGradSync        # ddp (DDP's all-reduce) or exchange (in the embeddings' backward a2a)
     id_dtype: IdDtype                     # what ids, lengths and bag codes travel as
     routing_encoding: RoutingEncoding     # how row-sharded tables' ids travel
+    id_weights: bool = False              # per-id weights travel beside the ids (a dataset's weight columns)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
@@ -123,12 +124,13 @@ class StepStrategies:
     def from_dict(d: dict[str, Any]) -> "StepStrategies":
         return StepStrategies(pipeline=bool(d["pipeline"]), ids_exchange=IdsExchange(d["ids_exchange"]),
                               dense_grad_sync=DenseGradSync(d["dense_grad_sync"]), id_dtype=IdDtype(d["id_dtype"]),
-                              routing_encoding=RoutingEncoding(d["routing_encoding"]))
+                              routing_encoding=RoutingEncoding(d["routing_encoding"]),
+                              id_weights=bool(d.get("id_weights", False)))
 
     def describe(self) -> str:
         return (f"pipeline {'on' if self.pipeline else 'off'}, ids exchanged in the {self.ids_exchange.value},"
                 f" dense gradients by {self.dense_grad_sync.value}, ids {self.id_dtype.value},"
-                f" row-sharded ids as {self.routing_encoding.value}")
+                f" row-sharded ids as {self.routing_encoding.value}" + (", per-id weights" if self.id_weights else ""))
 
 
 @dataclass(frozen=True)

@@ -138,6 +138,7 @@ class Carries(Enum):
 
     id_counts = "id_counts"          # per-destination sizes of the id payload (int64)
     ids = "ids"                      # lengths, ids (and bag codes) of the batch, in the plan's id dtype
+    id_weights = "id_weights"        # per-id weights (float32) in the id payload's layout, where the data has them
     outputs = "outputs"              # pooled outputs, forward, in a2a_fwd_dtype
     output_grads = "output_grads"    # their gradients, backward, in a2a_bwd_dtype (and the dense gradients riding)
     replica_grads = "replica_grads"  # the data-parallel replicas' fp32 table gradient

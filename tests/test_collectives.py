@@ -157,7 +157,7 @@ def _expected(plan_list, ahead: bool):
 
 
 def _group_of(c, ahead):
-    if c.carries in (Carries.ids, Carries.id_counts):
+    if c.carries in (Carries.ids, Carries.id_counts, Carries.id_weights):
         return "ids_ahead" if ahead else "ids"
     if c.carries is Carries.replica_grads:
         return "replicas"
@@ -267,3 +267,31 @@ def test_mode_plan_writes_the_steps_collectives_and_a_given_plans_are_rederived(
     rated = cli(*args, f"planner.plan_file={tmp_path / 'given.json'}", "hydra.run.dir=rated")
     assert rated.returncode == 0, rated.stderr
     assert json.loads((tmp_path / "rated" / "plan.json").read_text())["collectives"] == d["collectives"]
+
+
+def test_weighted_ids_issue_the_listed_weights_payload(tmp_path, monkeypatch):
+    """A dataset with per-id weights (dsi.columns.weights): the plan lists one more all-to-all beside the id payload,
+    a float32 payload of the same split sizes, and that is what the ranks issue on the ids group; the other
+    collectives are the list's as without weights."""
+    from test_data_weights import MAPPING, _write
+
+    _write(tmp_path / "mine")
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_cfg([f"train.batch_size={BATCH}", f"train.steps={STEPS}", "train.eval_batches=0",
+                       "train.log_every=1000", "train.divergence_factor=0", "hardware=cpu_local", *MAPPING])
+    cfg, plan = _job(cfg, 2, 2, pipeline=False, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp)
+    assert plan.strategies.id_weights
+    ran = launch(_record, ([(cfg, plan)],), world=2, backend=Backend.gloo, timeout_s=300)
+    id_bytes = plan.strategies.id_dtype.bytes
+    for rank, (per_rank, listed) in enumerate(zip(ran, plan.collectives)):
+        ids_listed = [c for c in listed if c.carries in (Carries.id_counts, Carries.ids, Carries.id_weights)]
+        assert [c.carries for c in ids_listed] == [Carries.id_counts, Carries.ids, Carries.id_weights]
+        for s in range(1, STEPS - 1):
+            records = per_rank[0]["steps"][s]
+            on_ids = [r for r in records if r[1] == "ids"]
+            assert len(on_ids) == sum(c.count for c in ids_listed), f"rank {rank} step {s}: {on_ids}"
+            payload, weights = on_ids[1], on_ids[2]
+            assert weights[2:] == (payload[2] * 4 // id_bytes, payload[3] * 4 // id_bytes), (payload, weights)
+            got, want = _tally(records), _expected(listed, False)
+            got.pop(("all_to_all", "ids")), want.pop(("all_to_all", "ids"))
+            assert got == want, f"rank {rank} step {s}"

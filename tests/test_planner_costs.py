@@ -428,9 +428,10 @@ def test_folded_dense_gradients_pay_no_all_reduce():
     assert embedding_comm["exchange"] == approx(embedding_comm["ddp"] + riders)
 
 
-def test_prefetched_ids_routing_is_data():
+def test_prefetched_ids_routing_is_data_and_their_collectives_leave_the_step():
     """Where the ids are exchanged in the prefetch thread (a CPU rank, row-sharded tables), the routing's host time
-    is priced in the data term, not the step's comm, and the step issues no id collective."""
+    is priced in the data term, not the step's comm, and the step issues no id collective: the id payload's bytes
+    travel on the prefetch thread's own group, beside the step."""
     from neocfg.planner.pipeline import plan_placement
     cpu = (*OVERHEAD, "planner.sharding_types=[row_wise]", "hardware.device.kind=cpu", "hardware.backend=gloo",
            "hardware.device.routing_us_per_step=30", "hardware.device.routing_ns_per_id=50",
@@ -441,10 +442,10 @@ def test_prefetched_ids_routing_is_data():
     routing = 0.03 + 100 * 2 * 70e-6                       # per step + B x L ids received x (50 + 20 ns)
     assert step.estimate.data_ms == approx(100 * 2 / 1e3)  # B=100 x 2 us
     assert ahead.estimate.data_ms == approx(100 * 2 / 1e3 + routing)
-    # ... and the pipelined step's one id all-to-all (100 us) leaves the step with it
+    # ... and the pipelined step's one id all-to-all (100 us) and its bytes (a row range's ids) leave the step
     for s, a in zip(step.devices, ahead.devices):
-        assert a.comm_ms == approx(s.comm_ms - routing - 0.1)
-        assert a.total_ms == approx(s.total_ms - 0.1)
+        assert a.comm_ms == approx(s.comm_ms - routing - 0.1 - IDS_RW * A2A)
+        assert a.total_ms == approx(s.total_ms - 0.1 - IDS_RW * A2A)
 
 
 def test_processor_cache_serves_the_hottest_rows(table):
@@ -478,3 +479,57 @@ def test_processor_cache_needs_its_rate():
 
     with pytest.raises(ConfigError, match="hardware.device.cache_bandwidth_gbs"):
         round_cfg(TABLE, "hardware.device.cache_mib=4")
+
+
+def test_a_plan_pinning_another_dense_sync_is_priced_as_it_runs():
+    """A plan file whose strategies fold the dense gradients where this config would run DDP (and the reverse) is
+    rated with what it pins: riders in the backward all-to-all and no all-reduce, exactly as the plan solved with
+    that sync."""
+    import dataclasses
+
+    from neocfg.planner.estimate import rate_plan
+    from neocfg.planner.pipeline import plan_placement
+    from neocfg.types import DenseGradSync
+    overhead = (*OVERHEAD, "planner.sharding_types=[table_wise]")
+    solved = {s: plan_placement(round_cfg(TABLE, *overhead, f"train.dense_grad_sync={s}")) for s in ("exchange", "ddp")}
+    for pinned, other in (("exchange", "ddp"), ("ddp", "exchange")):
+        plan = solved[other]
+        given = dataclasses.replace(plan, strategies=dataclasses.replace(
+            plan.strategies, dense_grad_sync=DenseGradSync(pinned)), collectives=())
+        rated = rate_plan(round_cfg(TABLE, *overhead, f"train.dense_grad_sync={other}"), given, "given.json")
+        want = rate_plan(round_cfg(TABLE, *overhead, f"train.dense_grad_sync={pinned}"), solved[pinned], "p.json")
+        assert rated.estimate.step_ms == approx(want.estimate.step_ms), pinned
+        assert [d.comm_ms for d in rated.devices] == approx([d.comm_ms for d in want.devices]), pinned
+        assert rated.estimate.step_ms != approx(solved[other].estimate.step_ms), pinned
+
+
+def test_auto_ids_exchange_is_priced_as_it_resolves():
+    """ids_exchange=auto on CPU ranks with row-sharded tables resolves to the prefetch thread: the estimate prices
+    what runs (no id collective in the step), the same as asking for prefetch."""
+    from neocfg.planner.pipeline import plan_placement
+    cpu = (*OVERHEAD, "planner.sharding_types=[row_wise]", "hardware.device.kind=cpu", "hardware.backend=gloo",
+           "hardware.device.routing_us_per_step=30", "hardware.device.routing_ns_per_id=50")
+    auto = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=auto"))
+    ahead = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=prefetch"))
+    step = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step"))
+    assert auto.strategies.ids_exchange.value == "prefetch"
+    assert [d.total_ms for d in auto.devices] == approx([d.total_ms for d in ahead.devices])
+    assert auto.estimate.data_ms == approx(ahead.estimate.data_ms)
+    assert auto.estimate.step_ms < step.estimate.step_ms
+
+
+def test_per_id_weights_are_priced_as_a_payload_of_their_own():
+    """dsi.columns.weights: the ids' float32 weights travel in one more all-to-all of the id payload's split sizes:
+    each piece's ids cost (1 + 4 / id bytes) times as much on the wire, and the step has one more id collective."""
+    from neocfg.sharding.collectives import Carries
+    weighted = ("dsi=parquet_local", "++dsi.columns.label=y", "++dsi.columns.dense=[d0,d1,d2,d3]",
+                "++dsi.columns.sparse={t: t_ids}", "++dsi.columns.weights={t: t_w}")
+    plain = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, *weighted[:-1]))
+    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, *weighted))
+    assert cost.id_weights and not plain.id_weights and cost.id_bytes == plain.id_bytes == 4
+    assert cost.id_collectives == plain.id_collectives + 1
+    shape = cost.shape(round_cfg(TABLE).model.tables[0], ShardingType.table_wise, 1)
+    table = round_cfg(TABLE).model.tables[0]
+    for pc in cost.piece_comms(table, ShardingType.table_wise, shape):
+        assert cost.price(pc).total == approx(plain.price(pc).total * (2 if pc.carries is Carries.ids else 1))
+    assert cost.ids_ms(table, ShardingType.table_wise, shape) == approx(IDS_WHOLE * A2A * 2)

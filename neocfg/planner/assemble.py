@@ -9,14 +9,15 @@ from typing import Sequence
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, StepStrategies, TablePlan
-from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost, planned_dense_sync
+from neocfg.planner.costs import FP32, CostModel, DenseCost, data_ms, dense_cost, dense_flops_and_params, planned_dense_sync
 from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.strategies import with_collectives
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
+from neocfg.sharding.collectives import id_collectives
 from neocfg.tiers import TIERS
-from neocfg.types import IdsExchange
+from neocfg.types import DenseGradSync, IdsExchange
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -51,6 +52,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     host = [0] * cost.topo.world
     counts: list[Counter] = [Counter() for _ in range(cost.topo.world)]
     routed = [0.0] * cost.topo.world
+    ids = [0.0] * cost.topo.world
     for p in placements:
         o = p.option
         shape = cost.shape(tables[o.table_index], o.sharding, o.num_pieces if SCHEMES[o.sharding].sliced else 1)
@@ -59,6 +61,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
             host[r] += p.option.storage.host
             counts[r][p.option.sharding.value] += 1
             routed[r] += cost.routed_ms(p.option.sharding, shape)
+            ids[r] += cost.ids_ms(tables[o.table_index], o.sharding, shape)
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
                   sharding=p.option.sharding, memory=p.option.tier, weights_dtype=p.option.dtype,
@@ -90,10 +93,23 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     # The estimate prices the strategies the plan runs.
     if strategies.dense_grad_sync is not planned_dense_sync(cfg):
         dense = dense_cost(cfg, strategies.dense_grad_sync)
+        # the dense gradients ride in the backward all-to-all exactly when the plan's sync folds them
+        riders = (hw.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
+                  if strategies.dense_grad_sync is DenseGradSync.exchange else 0)
+        extra = dataclasses.replace(cost, rider_bytes=riders).rider_ms(kinds) - cost.rider_ms(kinds)
+        perf = [dataclasses.replace(q, bwd_comm=q.bwd_comm + extra) for q in perf]
     data = [generation] * cost.topo.world
-    if strategies.ids_exchange is IdsExchange.prefetch:
+    # The id collectives the strategies issue in the step (the solver priced cfg's ask: auto as in the step).
+    ahead = strategies.ids_exchange is IdsExchange.prefetch
+    in_step = id_collectives(strategies.pipeline, ahead, strategies.id_weights)
+    if in_step != cost.id_collectives:
+        extra = (in_step - cost.id_collectives) * cost.collective_latency_ms
+        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm + extra) for q in perf]
+    if ahead:
+        # the prefetch thread exchanges the ids a batch ahead on a group of its own: its collectives overlap the
+        # step (none left in it), its routing shares the rank's core (data)
         moved = [x + cost.routing_ms_per_step for x in routed]
-        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m) for q, m in zip(perf, moved)]
+        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m - i) for q, m, i in zip(perf, moved, ids)]
         data = [d + m for d, m in zip(data, moved)]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],

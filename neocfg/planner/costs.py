@@ -49,7 +49,7 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.perf import Perf
-from neocfg.planner.strategies import dense_grad_sync
+from neocfg.planner.strategies import dense_grad_sync, id_weights
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
 from neocfg.sharding.collectives import (ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm, Traffic,
@@ -142,7 +142,7 @@ def step_id_collectives(cfg: NeocfgConfig) -> int:
     tc = cfg.train
     ahead = (tc.ids_exchange is IdsExchange.prefetch and cfg.hardware.device.kind is DeviceKind.cpu
              and cfg.dsi.source is DataSource.synthetic)
-    return id_collectives(tc.pipeline and not ahead, ahead)
+    return id_collectives(tc.pipeline and not ahead, ahead, weighted=id_weights(cfg))
 
 
 def planned_dense_sync(cfg: NeocfgConfig) -> DenseGradSync:
@@ -202,6 +202,7 @@ class CostModel:
     rank_capacity: tuple[Storage, ...] = ()
     id_bytes: int = 8                    # one id, length or bag code on the wire (the plan's id dtype)
     id_collectives: int = 2              # id collectives in a step (the counts and the payload, or fewer)
+    id_weights: bool = False             # per-id weights travel too: a float32 payload the ids' size
     rider_bytes: int = 0                 # dense gradients riding in the backward all-to-all, per device (world x)
 
     @staticmethod
@@ -232,7 +233,7 @@ class CostModel:
             cache_fraction=cache_fraction(cfg),
             cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
                                if hw.device.cache_bandwidth_gbs else 0.0),
-            id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg),
+            id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg), id_weights=id_weights(cfg),
             rider_bytes=(hw.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
                          if planned_dense_sync(cfg) is DenseGradSync.exchange else 0))
 
@@ -377,6 +378,10 @@ class CostModel:
             perf = perf + self.price(pc)
         return perf
 
+    def ids_ms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> float:
+        """The part of comm() that is the piece's ids on the wire (the id payload's records)."""
+        return sum(self.price(pc).total for pc in self.piece_comms(table, sharding, shape) if pc.carries is Carries.ids)
+
     def piece_comms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> tuple[PieceComm, ...]:
         """The piece's records (neocfg.sharding.collectives): a row range receives its share of the table's ids,
         in the encoding the strategies' rule picks for its ranges (neocfg.planner.strategies.routing_encoding)."""
@@ -401,6 +406,8 @@ class CostModel:
                 }[pc.kind, pc.group]()
         copy = 0.0 if pc.carries is Carries.replica_grads else self.exchange_copy_ms_per_byte
         ms = pc.held_bytes * (rate + copy)
+        if pc.carries is Carries.ids and self.id_weights:   # the weights' payload: the ids' elements as float32
+            ms *= 1 + FP32 / self.id_bytes
         return Perf(fwd_comm=ms) if pc.carries in (Carries.ids, Carries.outputs) else Perf(bwd_comm=ms)
 
     def replica_update_ms(self, sharding: ShardingType, shape: PieceShape) -> Perf:

@@ -84,6 +84,11 @@ def routing_encoding(plan: Plan, model: ModelConfig) -> RoutingEncoding:
     return encoding_for(parts * len(rw), ids)
 
 
+def id_weights(cfg: NeocfgConfig) -> bool:
+    """Per-id weights travel with the ids where a dataset maps weight columns (dsi.columns.weights)."""
+    return bool(cfg.dsi.columns.weights) and cfg.dsi.source is not DataSource.synthetic
+
+
 def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> StepStrategies:
     """The strategies cfg asks for, every auto decided, for this plan on cfg's hardware. source_prefetches: whether
     the batches come from a source with a prefetch thread (default: cfg's, the synthetic source has one)."""
@@ -97,7 +102,8 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     return StepStrategies(
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange,
         dense_grad_sync=dense_grad_sync(tc.dense_grad_sync, dense_params, plan.world_size, has_all_to_all(plan)),
-        id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model))
+        id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
+        id_weights=id_weights(cfg))
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:

@@ -159,12 +159,13 @@ def output_collectives(kind_name: str) -> int:
     return len({(r.kind, r.group, r.carries) for r in records})
 
 
-def id_collectives(pipeline: bool, ahead: bool) -> int:
-    """Id collectives in a step: the counts, then the payload; the pipelined step's counts ride in the previous
-    payload's headers (one); ids exchanged a batch ahead in the prefetch thread leave none in the step."""
+def id_collectives(pipeline: bool, ahead: bool, weighted: bool = False) -> int:
+    """Id collectives in a step: the counts, then the payload (and its weights' payload where the data has per-id
+    weights); the pipelined step's counts ride in the previous payload's headers; ids exchanged a batch ahead in the
+    prefetch thread leave none in the step."""
     if ahead:
         return 0
-    return 1 if pipeline else 2
+    return (1 if pipeline else 2) + (1 if weighted else 0)
 
 
 # Values below this travel as int32: offsets of the ids of one step too must fit (2^31 - 1 ids).
@@ -255,6 +256,11 @@ def step_collectives(plan: "Plan", model: "ModelConfig", dense_params: int,
                 overlapped=ahead)
         head = world * header * traffic.id_bytes
         add(ids_key, sent=head, received=head, overlapped=ahead or st.pipeline)
+        if st.id_weights:   # a float32 payload of the same split sizes (routing.py: IdRouter.send)
+            ids = rank[-1]
+            scale = FP32 / traffic.id_bytes
+            rank.append(Collective(CollectiveKind.all_to_all, GroupScope.world, Carries.id_weights, count=1,
+                                   sent=ids.sent * scale, received=ids.received * scale, overlapped=ids.overlapped))
         for key in _ORDER:
             if key not in present:
                 continue
