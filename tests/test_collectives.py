@@ -217,6 +217,11 @@ def test_two_ranks_issue_the_plans_collectives():
              id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes, fwd=CommDtype.fp16, bwd=CommDtype.bf16),
         # ids exchanged a batch ahead in the prefetch thread, DDP
         _job(base, 2, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.ddp),
+        # every type under the other two pairings of pipeline and dense sync, and prefetched ids with the fold
+        _job(base, 2, 2, pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp),
+        _job(base, 2, 2, pipeline=False, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.exchange),
+        _job(base, 2, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.exchange,
+             fwd=CommDtype.bf16),
         # no all-to-all output at all (row-wise and data-parallel only), pipelined
         _job(base, 2, 2, sharding=[S.row_wise, S.data_parallel] * 4, pipeline=True, ids_exchange=IdsExchange.step,
              dense_grad_sync=DenseGradSync.ddp),
@@ -234,6 +239,8 @@ def test_four_ranks_on_two_nodes_issue_the_plans_collectives():
         _job(base, 4, 2, fp16_table=6, pipeline=False, ids_exchange=IdsExchange.step,
              dense_grad_sync=DenseGradSync.ddp, routing_encoding=RoutingEncoding.codes, fwd=CommDtype.bf16),
         _job(base, 4, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.ddp),
+        _job(base, 4, 2, pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp),
+        _job(base, 4, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.exchange),
     ]
     _check(jobs, 4)
 

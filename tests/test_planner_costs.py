@@ -306,9 +306,17 @@ def test_dense_overhead_hand_computed():
     assert d.perf.fwd_compute == approx(base.perf.fwd_compute + kernels / 3)
     # one DDP bucket (params x 4 bytes < 25 MiB): one all-reduce latency
     assert d.perf.bwd_comm == approx(base.perf.bwd_comm + 0.1)
+    # DDP's first bucket holds 1 MiB whatever bucket_cap_mb says: these gradients are still one bucket at a 0.1 MiB
+    # cap; beyond the first MiB, one more per cap
+    assert base.parameters * 4 < 2**20
     d2 = dense_cost(round_cfg(TABLE, *OVERHEAD, "planner.costs.ddp_bucket_mib=0.1"))
-    buckets = -(-base.parameters * 4 // int(0.1 * 2**20))
-    assert d2.perf.bwd_comm == approx(base.perf.bwd_comm + buckets * 0.1)
+    assert d2.perf.bwd_comm == approx(base.perf.bwd_comm + 0.1)
+    wide = ["model.bottom_mlp=[1024,512,8]"]
+    w1 = dense_cost(round_cfg(TABLE, *wide))
+    w2 = dense_cost(round_cfg(TABLE, *OVERHEAD, *wide, "planner.costs.ddp_bucket_mib=0.1"))
+    buckets = 1 + -(-(w1.parameters * 4 - 2**20) // int(0.1 * 2**20))
+    assert buckets > 2
+    assert w2.perf.bwd_comm == approx(w1.perf.bwd_comm + buckets * 0.1)
 
 
 def test_folded_dense_gradients_ride_in_the_all_to_all():

@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Optional
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from neocfg.planner.strategies import dense_grad_sync, id_weights
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
 from neocfg.sharding.collectives import (ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm, Traffic,
-                                         encoding_for, id_collectives)
+                                         ddp_buckets, encoding_for, id_collectives)
 from neocfg.tiers import TIERS
 from neocfg.types import (DataSource, DenseGradSync, DenseOptimizer, DeviceKind, IdDtype, IdsExchange, Interaction,
                           MemoryTier, RoutingEncoding, ShardingType, SparseOptimizer, WeightsDtype)
@@ -204,6 +204,9 @@ class CostModel:
     id_collectives: int = 2              # id collectives in a step (the counts and the payload, or fewer)
     id_weights: bool = False             # per-id weights travel too: a float32 payload the ids' size
     rider_bytes: int = 0                 # dense gradients riding in the backward all-to-all, per device (world x)
+    # The plan's routing encoding where it is known (a placed plan's StepStrategies.routing_encoding); None: before
+    # placement, each row range's own rule (encoding_for its table's ranges and ids)
+    routing_encoding: Optional[RoutingEncoding] = None
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -280,14 +283,15 @@ class CostModel:
         """The embedding collectives' fixed time per step: collective_latency_ms for each the plan's kinds issue
         (`embedding_collectives`), but the data-parallel tables' all-reduce at all_reduce_latency_ms."""
         shardings = set(shardings)
-        replicated = {s for s in shardings if SCHEMES[s].kind is OutputKind.replicated}
-        alpha = embedding_collectives(shardings - replicated, self.id_collectives) * self.collective_latency_ms
+        replicated = {s for s in shardings if self.kind_of(s) is OutputKind.replicated}
+        alpha = embedding_collectives(shardings - replicated, self.id_collectives, self.topo.world,
+                                      self.topo.devices_per_node) * self.collective_latency_ms
         return alpha + (self.all_reduce_latency_ms if replicated else 0.0) + self.rider_ms(shardings)
 
     def rider_ms(self, shardings: Iterable[ShardingType]) -> float:
         """The dense gradients riding in the backward all-to-all (world x their fp32 bytes each way, with the
         exchange's copies) when the kinds include it; paid once, as the kind's collectives are."""
-        if not self.rider_bytes or not any(SCHEMES[s].kind is OutputKind.all_to_all for s in shardings):
+        if not self.rider_bytes or not any(self.kind_of(s) is OutputKind.all_to_all for s in shardings):
             return 0.0
         return self.rider_bytes * (self.a2a_ms_per_byte() + self.exchange_copy_ms_per_byte)
 
@@ -387,11 +391,17 @@ class CostModel:
         in the encoding the strategies' rule picks for its ranges (neocfg.planner.strategies.routing_encoding)."""
         pooling = table.pooling_factor
         share = shape.lookup_rows / (self.global_batch * pooling) if pooling else 1.0
-        encoding = encoding_for(1 / share, pooling) if share > 0 else RoutingEncoding.lengths
+        encoding = self.routing_encoding
+        if encoding is None:
+            encoding = encoding_for(1 / share, pooling) if share > 0 else RoutingEncoding.lengths
         traffic = Traffic(batch_size=self.batch_size, world=self.topo.world,
                           devices_per_node=self.topo.devices_per_node, id_bytes=self.id_bytes,
                           fwd_bytes=self.a2a_fwd_bytes, bwd_bytes=self.a2a_bwd_bytes, encoding=encoding)
-        return SCHEMES[sharding].piece_comms(traffic, shape, pooling, share=share)
+        return SCHEMES[sharding].piece_comms(traffic, shape, pooling, self.kind_of(sharding), share=share)
+
+    def kind_of(self, sharding: ShardingType) -> OutputKind:
+        """The output kind the type's placements take on this topology (Scheme.planned_kind)."""
+        return SCHEMES[sharding].planned_kind(self.topo.world, self.topo.devices_per_node)
 
     def price(self, pc: PieceComm) -> Perf:
         """One record at the holder's bytes (the larger direction) over its collective's rate, plus the host copies
@@ -501,7 +511,7 @@ def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCos
     grad_bytes = params * FP32
     per_byte = ((p - 1) / p / (hw.intra_node_bandwidth_gbs * GB)
                 + (n - 1) / n / p / (hw.inter_node_bandwidth_gbs * GB)) * MS / c.comm_efficiency
-    buckets = math.ceil(grad_bytes / (c.ddp_bucket_mib * 2**20))
+    buckets = ddp_buckets(grad_bytes, c.ddp_bucket_mib)   # as the step's list counts them (a 1 MiB first bucket)
     alpha = buckets * hw.collective_latency_us / 1e3
     allreduce = 0.0
     if sync is DenseGradSync.ddp:

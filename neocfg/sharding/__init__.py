@@ -47,11 +47,13 @@ OUTPUT_COLLECTIVES = {kind: output_collectives(kind.value) for kind in OutputKin
 IDS_COLLECTIVES = id_collectives(pipeline=False, ahead=False)
 
 
-def embedding_collectives(shardings: Iterable[ShardingType], ids: int = IDS_COLLECTIVES) -> int:
+def embedding_collectives(shardings: Iterable[ShardingType], ids: int = IDS_COLLECTIVES, world: int = 0,
+                          devices_per_node: int = 0) -> int:
     """Collectives per step of a plan whose tables use these sharding types, `ids` of them the id exchange's (the
     runtime batches all tables of an output kind into one collective, so the count depends on the kinds present,
-    not on the number of tables)."""
-    kinds = {SCHEMES[s].kind for s in shardings}
+    not on the number of tables). With a topology (world > 0), each type's kind as placed on it
+    (Scheme.planned_kind), else its own."""
+    kinds = {SCHEMES[s].planned_kind(world, devices_per_node) if world else SCHEMES[s].kind for s in shardings}
     return ids + sum(OUTPUT_COLLECTIVES[k] for k in kinds)
 
 

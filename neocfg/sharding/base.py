@@ -232,6 +232,11 @@ class Scheme(ABC):
         """The output kind of a placement on these ranks (row splits depend on where they sit)."""
         return self.kind
 
+    def planned_kind(self, world: int, devices_per_node: int) -> OutputKind:
+        """The output kind the planner's placements of this type take on this topology (a node-spread row split on
+        the only node is the world's reduce-scatter): a placement on the first ranks it spreads over."""
+        return self.output_kind(range(self.num_pieces(world, devices_per_node)), world, devices_per_node)
+
     # ---- cost model (per touched device; see neocfg.planner.costs for the notation) ---------------------
     @abstractmethod
     def piece_shape(self, cost: CostTerms, table: "TableConfig", num_pieces: int) -> PieceShape:
