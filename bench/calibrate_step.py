@@ -10,8 +10,11 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
                                                      + rows' bytes / (hbm_bandwidth_gbs x hbm_efficiency) x 3
   data (the prefetch lap, ids exchanged in the step) = synthetic_us_per_batch + synthetic_us_per_sample x B
                                                      + synthetic_ns_per_bag x B x tables + synthetic_ns_per_id x ids
+  ids exchanged in the step (table-wise runs: the comm_input lap, the router's pass and the pipelined id exchange)
+                                                   = a per-step part (the collective's) + routing_ns_per_id x ids
   data, ids exchanged in the prefetch thread (row-wise runs), less the generation fitted above
-                                                   = routing_us_per_step + routing_ns_per_id x ids received
+                                                   = routing_us_per_step + (routing_ns_per_id fitted above
+                                                     + routing_ns_per_row_id) x ids received
   dense (the dense lap)                            = kernel_overhead_us x kernels + train FLOPs / (peak x mfu)
                                                      + dense_activation_passes x activation bytes / stream bandwidth
                                                      + DDP's exposed all-reduce (runs that sync by DDP; reported)
@@ -228,6 +231,23 @@ def fit(runs: list[dict]) -> dict:
         check("data", n, y, float(np.dot(gen, x)))
     out |= {"host.synthetic_us_per_batch": gen[0] * 1e3, "host.synthetic_us_per_sample": gen[1] * 1e3,
             "host.synthetic_ns_per_bag": gen[2] * 1e6, "host.synthetic_ns_per_id": gen[3] * 1e6}
+    # the id routing in the step (ids exchanged in the step: table-wise runs): the comm_input lap (the router's pass
+    # over the batch, the pipelined id all-to-all's send and wait) per step and per id the rank receives; the per-step
+    # part is the collective's, priced as collective_latency_us (reported beside it, not a key)
+    rows, ys, names = [], [], []
+    for r in runs:
+        f = feats[r["name"]]
+        if not f["prefetch_ids"]:
+            for rank, laps in zip(f["ranks"], r["per_rank"]):
+                rows.append([1.0, rank["ids"]])
+                ys.append(laps["comm_input"])
+                names.append(r["name"])
+    routing_per_id = any_f["routing_ns_per_id"] / 1e6
+    if len({x[1] for x in rows}) >= 2:
+        in_step, routing_per_id = _fit(rows, ys)
+        for n, x, y in zip(names, rows, ys):
+            check("ids in the step", n, y, in_step + routing_per_id * x[1])
+        out |= {"device.routing_ns_per_id": routing_per_id * 1e6, "(ids in the step: ms per step)": in_step}
     # the id routing in the prefetch thread (row-wise runs): the prefetch lap beyond the generation fitted above
     rows, ys, names = [], [], []
     for r in runs:
@@ -243,7 +263,7 @@ def fit(runs: list[dict]) -> dict:
         for n, x, y in zip(names, rows, ys):
             check("routing", n, y, step + per_id * x[1])
         out |= {"device.routing_us_per_step": step * 1e3,
-                "device.routing_ns_per_row_id": per_id * 1e6 - any_f["routing_ns_per_id"]}
+                "device.routing_ns_per_row_id": (per_id - routing_per_id) * 1e6}
     # dense: kernels, training FLOPs, activation bytes, and the exposed part of DDP's all-reduce where the plan syncs
     # the dense gradients by DDP (a per-run indicator: bucketed and overlapped with the backward, it costs about the
     # same whatever its bytes; reported beside what the cost model prices, not a preset key)

@@ -150,8 +150,37 @@ def laps(m: RunMetrics) -> str:
                    if k in b)
 
 
+SUMMARY_TERMS = ("embedding_compute", "embedding_comm", "dense", "data", "step")
+
+
+def worst(rows: list[dict]) -> str:
+    """One summary cell: the run farthest from its measurement (ratio or its inverse) among the runs where the term
+    is at least the floor of the step; "small" when it is under the floor in every run."""
+    counted = [r for r in rows if r["verdict"] != "small" and r["ratio"] is not None]
+    if not counted:
+        return "small"
+    far = max(counted, key=lambda r: max(r["ratio"], 1 / r["ratio"]) if r["ratio"] > 0 else float("inf"))
+    return f"{far['ratio']:.2f}" + ("" if far["verdict"] == "ok" else " MISS")
+
+
+def summary(results: list[dict]) -> str:
+    """One row per kind and sharding: each term's worst run (see `worst`) and whether every counted term of every run
+    is within the tolerance."""
+    lines = ["| kind | sharding | runs | " + " | ".join(SUMMARY_TERMS) + " | verdict |",
+             "|---|---|---|" + "---|" * (len(SUMMARY_TERMS) + 1)]
+    for kind, sharding in dict.fromkeys((r["kind"], r["sharding"]) for r in results):
+        runs = [r for r in results if (r["kind"], r["sharding"]) == (kind, sharding)]
+        cells = [worst([row for r in runs for row in r["terms"] if row["term"] == term]) for term in SUMMARY_TERMS]
+        misses = {row["term"] for r in runs for row in r["terms"] if row["verdict"] == "MISS" and row["term"] != "step"}
+        verdict = "every term within" if not misses else "outside: " + ", ".join(t for t in SUMMARY_TERMS if t in misses)
+        lines.append(f"| {kind} | {sharding} | {len(runs)} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(lines)
+
+
 def markdown(results: list[dict]) -> str:
-    lines = ["Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
+    lines = ["Each term's worst run per kind and sharding: predicted / measured, the run farthest from 1 among those "
+             "where the term is at least the floor of the step (small: under it in every run; MISS: outside the "
+             "tolerance):", "", summary(results), "", "Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
              "ratio, the measured share of the step, and the verdict (ok: within the tolerance; small: under the "
              "floor in both):", ""]
     for r in results:
@@ -184,10 +213,13 @@ def main() -> None:
     a = ap.parse_args()
     if a.merge:
         parts = [json.loads(Path(p).read_text())["results"] for p in a.merge]
+        seen: dict[tuple[str, str], int] = {}
+        for r in (r for part in parts for r in part):   # runs of separate invocations numbered in file order
+            seen[r["kind"], r["sharding"]] = r["run"] = seen.get((r["kind"], r["sharding"]), 0) + 1
         results = sorted((r for part in parts for r in part), key=lambda r: (r["run"], list(kinds()).index(r["kind"])))
         groups = "; ".join(f"`--kinds {','.join(dict.fromkeys(r['kind'] for r in part))} --shardings "
                            f"{','.join(dict.fromkeys(r['sharding'] for r in part))} --runs "
-                           f"{max(r['run'] for r in part)}`" for part in parts)
+                           f"{len({r['run'] for r in part})}`" for part in parts)
         text = (f"Runs made one group of kinds at a time under the CPU lock ({groups}), recorded together by "
                 f"`--merge`.\n\n" + markdown(results))
         print(text)

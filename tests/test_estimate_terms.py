@@ -1,0 +1,61 @@
+"""bench/estimate_terms.py's summary: each term's worst run per kind and sharding, and runs of separate invocations
+merged into one numbered list."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _bench():
+    sys.path.insert(0, str(REPO / "bench"))
+    spec = importlib.util.spec_from_file_location("estimate_terms", REPO / "bench" / "estimate_terms.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("estimate_terms", module)   # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(kind: str, sharding: str, run: int, terms: dict[str, tuple[float, float]], step: float = 10.0) -> dict:
+    bench = _bench()
+    rows = [{"term": name, "predicted_ms": p, "measured_ms": m, "ratio": p / m, "share": m / step,
+             "verdict": bench.verdict(p, m, step, 0.05, 0.25)} for name, (p, m) in terms.items()]
+    return {"kind": kind, "sharding": sharding, "run": run, "steps": 5, "laps": "", "terms": rows}
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_summary_keeps_the_run_farthest_from_its_measurement_and_names_the_terms_outside():
+    bench = _bench()
+    runs = [_run("small", "table_wise", 1, {"embedding_compute": (1.1, 1.0), "embedding_comm": (3.0, 3.1),
+                                            "dense": (2.0, 2.1), "data": (0.1, 0.2), "step": (6.2, 6.4)}),
+            _run("small", "table_wise", 2, {"embedding_compute": (0.7, 1.0), "embedding_comm": (3.2, 3.0),
+                                            "dense": (2.0, 2.5), "data": (0.1, 0.3), "step": (6.0, 6.8)})]
+    header, _, row = bench.summary(runs).splitlines()
+    cells = dict(zip(_cells(header), _cells(row)))
+    # compute: 1.10 (ok) and 0.70 (outside): the second is farther from 1
+    assert cells["embedding_compute"] == "0.70 MISS"
+    assert cells["embedding_comm"] == "1.07"
+    assert cells["dense"] == "0.80"
+    assert cells["data"] == "small"   # under 5 % of the step in both runs
+    assert cells["runs"] == "2"
+    assert cells["verdict"] == "outside: embedding_compute"
+
+
+def test_merge_numbers_the_runs_of_separate_invocations(tmp_path):
+    one = [_run("small", "row_wise", 1, {"dense": (2.0, 2.0), "step": (5.0, 5.0)})]
+    files = []
+    for i in range(2):
+        f = tmp_path / f"part{i}.json"
+        f.write_text(json.dumps({"results": one}))
+        files.append(str(f))
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "estimate_terms.py"), "--merge", *files],
+                         capture_output=True, text=True, check=True).stdout
+    assert "**small, row_wise, run 1**" in out and "**small, row_wise, run 2**" in out
+    summary_row = next(line for line in out.splitlines() if line.startswith("| small | row_wise |"))
+    assert _cells(summary_row)[2] == "2"
