@@ -63,3 +63,19 @@ def test_a_launcher_that_is_not_installed_names_its_package(cli, tmp_path):
     assert r.returncode == 2
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "pip install hydra-submitit-launcher" in lines[0], r.stderr
+
+
+def test_joblib_sweep_of_a_model_written_with_1e7(cli, tmp_path):
+    """loky's workers compose each job's config themselves: integer keys written as 1e7 are taken there too."""
+    model = tmp_path / "myconf" / "model" / "sci.yaml"
+    model.parent.mkdir(parents=True)
+    model.write_text("name: sci\nnum_dense_features: 4\nbottom_mlp: [16, 8]\ntop_mlp: [16, 1]\ninteraction: dot\n"
+                     "tables:\n  - {name: a, num_embeddings: 1e7, embedding_dim: 8, pooling_factor: 1}\n"
+                     "  - {name: b, num_embeddings: 2e3, embedding_dim: 8, pooling_factor: 2}\n")
+    r = cli("-m", "--config-dir", str(tmp_path / "myconf"), *JOBLIB, *PLAN[:1], "model=sci",
+            *PLAN[2:], "hardware.nodes=1,2", timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    _, rows = _summary(tmp_path)
+    assert all(row["fits"] == "yes" and float(row["step_ms"]) > 0 for row in rows), rows
+    plans = sorted((tmp_path / "multirun").rglob("plan.json"))
+    assert len(plans) == 2 and all('"num_embeddings": 10000000' in p.read_text() for p in plans)

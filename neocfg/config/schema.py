@@ -90,6 +90,11 @@ MAX_MEMORY_GIB = 2**20
 SCHEMA_NAME = "neocfg_schema"
 
 
+# At import, not only in register(): Hydra's joblib launcher composes each job's config in a loky worker, which
+# imports this module (through neocfg.cli) but never runs the parent's register().
+accept_integral_floats()
+
+
 def register() -> None:
     accept_integral_floats()
     ConfigStore.instance().store(name=SCHEMA_NAME, node=NeocfgConfig)
