@@ -7,11 +7,13 @@
   workers  Ray actors (DppWorkerActor) with the CPUs and memory of the planned worker shape, scaled down with a
            warning where the cluster has less; a worker that dies (ray.kill, a lost node) fails its task's result,
            and the master requeues the task and starts a replacement, as the local backend does for processes
-  batches  a worker returns a split's metadata and its rows as two objects: the master reads only the metadata;
-           the rows stay in Ray's object store until the client that pulls the split fetches them. Rows that cannot be
-           fetched (their node or object store was lost: ObjectLostError, ObjectReconstructionFailedError,
-           OwnerDiedError, ActorDiedError; or not within FETCH_TIMEOUT_S) were never delivered: the client hands the
-           split back and the master queues it again, to be re-read from storage by a live worker
+  batches  the master never holds rows: a worker puts a split's rows in Ray's object store itself (it owns them)
+           and returns their metadata with a reference to them; the master reads the metadata and hands the
+           reference on to the client that pulls the split, which fetches the rows from the worker's node; once
+           the client dropped its reference, Ray frees them. Rows that cannot be fetched (their node, object
+           store or worker was lost: ObjectLostError, ObjectReconstructionFailedError, OwnerDiedError,
+           ActorDiedError; or not within FETCH_TIMEOUT_S) were never delivered: the client hands the split back and
+           the master queues it again, to be re-read from storage by a live worker
   cluster  dsi.ray.address=null: rank 0 starts a Ray of its own for the run (address="local", whatever else runs on
            the machine; token authentication with a token made for the run, shared with the other ranks), shut down
            at the end; "auto" or "host:port" joins a running cluster (`ray start --head`); rank 0 says which
@@ -202,19 +204,24 @@ def connect(dsi: DsiConfig, rank: int, share: Callable[[Any], Any], sizing: Opti
 
 # ---------------------------------------------------------------------------------------------------- worker actor
 class DppWorker:
-    """A stateless worker: process one task, return (metadata or error, rows)."""
+    """A stateless worker: process one task, return (metadata, a reference to the rows) or ("error", message).
+
+    The rows go into the object store from here, so that this worker owns them, not the master that called it: an
+    object a caller owns from a task's return stays in the caller's in-process memory store after the last
+    reference to it is gone when it was small enough to be returned inline and was handed to another process (the
+    master's resident memory grew by one split's rows per split served; see docs/dpp.md)."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.reader = SplitReader(spec)
 
-    def process(self, task: Task) -> tuple[Any, Optional[SplitResult]]:
+    def process(self, task: Task) -> tuple[Any, Any]:
         try:
             result = self.reader.process(task)
         except DataError as exc:
-            return ("error", str(exc)), None
+            return "error", str(exc)
         except Exception as exc:  # noqa: BLE001 - any failure on a split is that split's error
-            return ("error", f"{task.split.where}: {type(exc).__name__}: {exc}"), None
-        return result.meta(), result
+            return "error", f"{task.split.where}: {type(exc).__name__}: {exc}"
+        return result.meta(), ray.put(result)
 
     def pid(self) -> int:
         return os.getpid()
@@ -229,15 +236,15 @@ DppWorkerActor = ray.remote(max_restarts=0)(DppWorker)
 
 # ---------------------------------------------------------------------------------------------------- master actor
 class RayPool:
-    """Worker actors (loop.WorkerPool): a worker is ready once its first call returns; a split's metadata and rows
-    come back as two objects, of which the pool reads the metadata and hands on the rows' reference."""
+    """Worker actors (loop.WorkerPool): a worker is ready once its first call returns; a split comes back as its
+    metadata and a reference to rows the worker owns, which the pool hands on without reading them."""
 
     what = "Ray worker actors"
 
     def __init__(self, spec: WorkerSpec, resources: WorkerResources) -> None:
         self.spec, self.resources = spec, resources
         self.handles: dict[int, Any] = {}
-        self._waiting: dict[int, tuple[Any, Any]] = {}  # wid -> (the ref it is waited on by, the rows' ref or None)
+        self._waiting: dict[int, tuple[Any, bool]] = {}  # wid -> (the ref it is waited on by, a split's result)
         self._next_wid = 0
 
     def spawn(self) -> int:
@@ -246,11 +253,11 @@ class RayPool:
         handle = DppWorkerActor.options(num_cpus=self.resources.cpus, memory=self.resources.memory_bytes,
                                         name=None).remote(self.spec)
         self.handles[wid] = handle
-        self._waiting[wid] = (handle.pid.remote(), None)
+        self._waiting[wid] = (handle.pid.remote(), False)
         return wid
 
     def send(self, wid: int, task: Task) -> None:
-        self._waiting[wid] = tuple(self.handles[wid].process.options(num_returns=2).remote(task))
+        self._waiting[wid] = (self.handles[wid].process.remote(task), True)
 
     def poll(self, timeout_s: float) -> list[PoolEvent]:
         refs = {ref: wid for wid, (ref, _) in self._waiting.items()}
@@ -264,19 +271,19 @@ class RayPool:
         events = []
         for ref in done:
             wid = refs[ref]
-            _, rows = self._waiting.pop(wid)
+            _, split = self._waiting.pop(wid)
             try:
                 got = ray.get(ref)
             except RayError as exc:
                 self.handles.pop(wid, None)
                 events.append(PoolEvent(EventKind.gone, wid, message=_reason(exc)))
                 continue
-            if rows is None:
+            if not split:
                 events.append(PoolEvent(EventKind.ready, wid))
-            elif isinstance(got, tuple):
+            elif isinstance(got[0], str):  # ("error", message)
                 events.append(PoolEvent(EventKind.failed, wid, message=got[1]))
             else:
-                events.append(PoolEvent(EventKind.done, wid, meta=got, payload=rows))
+                events.append(PoolEvent(EventKind.done, wid, meta=got[0], payload=got[1]))
         return events
 
     def kill(self, wid: int) -> None:
