@@ -216,9 +216,10 @@ def _warn_small_dataset(cfg: NeocfgConfig, rank: int, world_size: int, rows: int
     if eval:
         need = cfg.train.eval_batches * b * world_size
         if need > rows:
-            _say(rank, f"warning: held-out evaluation reads {need:,} samples (train.eval_batches="
+            _say(rank, f"neocfg: warning: held-out evaluation reads {need:,} samples (train.eval_batches="
                        f"{cfg.train.eval_batches} x train.batch_size={b} x {world_size} ranks) but the eval file has "
                        f"{rows:,}: samples are evaluated more than once")
     elif b * world_size > rows:
-        _say(rank, f"warning: train.batch_size={b} x {world_size} ranks = {b * world_size:,} samples per step is "
-                   f"more than the dataset's {rows:,} training samples ({cfg.dsi.path}): every step repeats samples")
+        _say(rank, f"neocfg: warning: train.batch_size={b} x {world_size} ranks = {b * world_size:,} samples per step"
+                   f" is more than the dataset's {rows:,} training samples ({cfg.dsi.path}): every step repeats"
+                   " samples")
