@@ -9,7 +9,7 @@ from typing import Sequence
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, StepStrategies, TablePlan
-from neocfg.planner.costs import FP32, CostModel, DenseCost, data_ms, dense_cost, dense_flops_and_params, planned_dense_sync
+from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost, planned_dense_sync, rider_bytes
 from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.strategies import with_collectives
@@ -17,7 +17,7 @@ from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind
 from neocfg.sharding.collectives import id_collectives
 from neocfg.tiers import TIERS
-from neocfg.types import DenseGradSync, IdsExchange
+from neocfg.types import IdsExchange
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -52,16 +52,17 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     host = [0] * cost.topo.world
     counts: list[Counter] = [Counter() for _ in range(cost.topo.world)]
     routed = [0.0] * cost.topo.world
-    ids = [0.0] * cost.topo.world
+    shapes = []
     for p in placements:
         o = p.option
         shape = cost.shape(tables[o.table_index], o.sharding, o.num_pieces if SCHEMES[o.sharding].sliced else 1)
+        shapes.append(shape)
+        ms = cost.routed_ms(o.sharding, shape)   # the same on every rank of the placement
         for r in p.ranks:
             hbm[r] += p.option.storage.hbm
             host[r] += p.option.storage.host
             counts[r][p.option.sharding.value] += 1
-            routed[r] += cost.routed_ms(p.option.sharding, shape)
-            ids[r] += cost.ids_ms(tables[o.table_index], o.sharding, shape)
+            routed[r] += ms
     table_plans = tuple(
         TablePlan(name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.embedding_dim,
                   sharding=p.option.sharding, memory=p.option.tier, weights_dtype=p.option.dtype,
@@ -94,8 +95,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     if strategies.dense_grad_sync is not planned_dense_sync(cfg):
         dense = dense_cost(cfg, strategies.dense_grad_sync)
         # the dense gradients ride in the backward all-to-all exactly when the plan's sync folds them
-        riders = (hw.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
-                  if strategies.dense_grad_sync is DenseGradSync.exchange else 0)
+        riders = rider_bytes(cfg, strategies.dense_grad_sync)
         extra = dataclasses.replace(cost, rider_bytes=riders).rider_ms(kinds) - cost.rider_ms(kinds)
         perf = [dataclasses.replace(q, bwd_comm=q.bwd_comm + extra) for q in perf]
     data = [generation] * cost.topo.world
@@ -108,6 +108,11 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     if ahead:
         # the prefetch thread exchanges the ids a batch ahead on a group of its own: its collectives overlap the
         # step (none left in it), its routing shares the rank's core (data)
+        ids = [0.0] * cost.topo.world
+        for p, shape in zip(placements, shapes):
+            ms = cost.ids_ms(tables[p.option.table_index], p.option.sharding, shape)
+            for r in p.ranks:
+                ids[r] += ms
         moved = [x + cost.routing_ms_per_step for x in routed]
         perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m - i) for q, m, i in zip(perf, moved, ids)]
         data = [d + m for d, m in zip(data, moved)]

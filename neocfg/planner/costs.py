@@ -152,6 +152,14 @@ def planned_dense_sync(cfg: NeocfgConfig) -> DenseGradSync:
     return dense_grad_sync(cfg.train.dense_grad_sync, params, cfg.hardware.num_devices, all_to_all=True)
 
 
+def rider_bytes(cfg: NeocfgConfig, sync: DenseGradSync) -> int:
+    """The dense gradients riding in the backward all-to-all per device under this sync: the world's fp32 gradients
+    when they are folded into it (exchange), none under DDP."""
+    if sync is not DenseGradSync.exchange:
+        return 0
+    return cfg.hardware.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
+
+
 def data_ms(cfg: NeocfgConfig) -> float:
     """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
     devices: the ranks are the host's cores): per batch, per sample, per id and per bag (a sample's ids of one
@@ -237,8 +245,7 @@ class CostModel:
             cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
                                if hw.device.cache_bandwidth_gbs else 0.0),
             id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg), id_weights=id_weights(cfg),
-            rider_bytes=(hw.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
-                         if planned_dense_sync(cfg) is DenseGradSync.exchange else 0))
+            rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)))
 
     @property
     def capacity(self) -> Storage:

@@ -11,6 +11,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import GIVEN_PLAN_ALGORITHM, DeviceEstimate, Plan
 from neocfg.sharding import SCHEMES
 from neocfg.types import ShardingType
+from neocfg.units import fmt_bytes
 
 GIB = 1024**3
 # With more devices than this the table lists the busiest and the least busy ones only.
@@ -50,13 +51,6 @@ def _listed(plan: Plan) -> tuple[list[DeviceEstimate], int]:
     return shown, len(devs) - len(shown)
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n:,.0f} B"
-
-
 def collective_lines(plan: Plan) -> list[str]:
     """One line per collective of a step (Plan.collectives, in the order a step issues them): calls per step, the
     group, what it carries, the most bytes any rank sends in it, and whether it overlaps compute."""
@@ -71,7 +65,7 @@ def collective_lines(plan: Plan) -> list[str]:
             most[c.key] = max(most.get(c.key, 0.0), c.sent)
     lines = [f"collectives per step ({len(order)}; bytes: the most a rank sends):"]
     lines += [f"  {c.count} x {c.kind.value} over {c.group.value.replace('_', ' ')}: {c.carries.value.replace('_', ' ')},"
-              f" {_bytes(most[c.key])}, {'overlapped' if c.overlapped else 'exposed'}" for c in order]
+              f" {fmt_bytes(most[c.key])}, {'overlapped' if c.overlapped else 'exposed'}" for c in order]
     return lines
 
 
