@@ -207,12 +207,9 @@ class ServiceLoop:
         split; None once a finite service delivered everything. Raises DataError (a bad split, a failed loop) or
         DataStall (nothing within timeout_s)."""
         deadline = time.monotonic() + timeout_s
-        with self.cond:
+        with self.cond:  # (a re-entrant lock)
+            self.report(client, finished, waited)
             m = self.master
-            m.finish(finished)
-            m.report_wait(client, waited)
-            if finished:
-                self.cond.notify_all()  # the service may have finished: the other clients' pulls end
             while True:
                 got = m.take()
                 if got is not None:
@@ -231,6 +228,14 @@ class ServiceLoop:
     def report_wait(self, client: int, seconds: float) -> None:
         with self.cond:
             self.master.report_wait(client, seconds)
+
+    def report(self, client: int, finished: list[Finished], waited: float) -> None:
+        """What `pull` reports, without taking a split."""
+        with self.cond:
+            self.master.finish(finished)
+            self.master.report_wait(client, waited)
+            if finished:
+                self.cond.notify_all()  # the service may have finished: the clients' pulls end
 
     def reread(self, task: Task, reason: str) -> None:
         """A client could not fetch this split's rows (nothing of it was delivered): read it again."""

@@ -19,8 +19,8 @@
            at the end; "auto" or "host:port" joins a running cluster (`ray start --head`); rank 0 says which
 
 Every split goes to exactly one client (rank) per epoch. Per batch nothing crosses to the master: a client pulls a
-split when it has no rows left, reporting the splits it delivered whole and the time it waited (and asks for the
-next one ahead, without waiting, as it gets one: RayDppService.pull). A checkpoint is the
+split when it has no rows left, reporting the splits it delivered whole and the time it waited (and, as it gets
+one, asks for the next one and fetches its rows in a background thread: RayDppService.pull). A checkpoint is the
 one barrier: every rank sends its record of what it consumed (progress.Consumed) after the same step, and each gets
 the job's Position back (stored in every rank's checkpoint; a resumed job's master starts from it).
 """
@@ -34,7 +34,10 @@ import secrets
 import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -67,6 +70,9 @@ TICK_S = 0.05
 # wakes this often (seconds) as a safety net. Shorter costs the master CPU per waiting client (with a 0.05 s wake-up
 # its CPU per split grew from 3.0 ms with 16 clients to 5.7 ms with 64: bench_dpp_clients.py).
 PULL_WAKE_S = 1.0
+# A client's background ask for its next split waits at most this long per call before asking again (so that it
+# notices close; a split is handed to it the moment one is ready, whatever this is).
+AHEAD_WAIT_S = 1.0
 # Concurrent calls into the master actor: per client a pull that may wait and one short call (the pull asked
 # ahead, a checkpoint, leave), and a few more (stats, rank 0's stop). Fewer threads than waiting pulls would hold
 # back the pull that reports the last split of a finite run until the others time out.
@@ -324,6 +330,10 @@ class RayMasterImpl:
             return "end", None, None, 0
         return "split", got.meta, got.payload, got.complete_below
 
+    def report(self, client: int, finished: list[Finished], waited: float) -> None:
+        """Splits the client delivered whole, and the seconds it waited, while its ask for the next split waits."""
+        self.loop.report(client, finished, waited)
+
     def lost_rows(self, task: Task, reason: str) -> None:
         """A client could not fetch this split's rows (nothing of it was delivered): read it again."""
         self.loop.reread(task, reason)
@@ -391,6 +401,16 @@ def _reason(exc: BaseException) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- client side
+class Answer(Enum):
+    """What one ask of the master came to, rows fetched."""
+
+    split = "split"      # a split, its rows fetched into this process
+    end = "end"          # a finite service delivered everything
+    timeout = "timeout"  # nothing was ready within the ask's wait
+    lost = "lost"        # its rows could not be fetched: handed back, to be read again
+    error = "error"      # a bad split, a failed loop, the master gone: the message
+
+
 class RayDppService:
     """A rank's view of the job-wide service (the DppBackend its client calls)."""
 
@@ -398,10 +418,12 @@ class RayDppService:
         self.setup, self.options = setup, options
         self.master: Any = None
         self._closed = False
-        self._waited = 0.0  # seconds waited since the last pull, sent with the next one
+        self._lock = threading.Lock()
+        self._waited = 0.0  # seconds waited since the last pull, sent with the next one (guarded by _lock)
         self.rereads = 0    # splits this client handed back because their rows could not be fetched
         self.pulled = 0     # splits this client received (skipped ones included)
-        self._ahead: Any = None  # the pull sent ahead for the next split
+        self._ahead: Optional[Future] = None  # the next split, being asked for and fetched in the background
+        self._fetcher: Optional[ThreadPoolExecutor] = None
 
     def start(self) -> None:
         o = self.options
@@ -423,52 +445,90 @@ class RayDppService:
                 time.sleep(0.2)
 
     def _ask(self, client: int, timeout_s: float, finished: list[Finished]) -> Any:
-        waited, self._waited = self._waited, 0.0
+        with self._lock:
+            waited, self._waited = self._waited, 0.0
         return self.master.pull.remote(client, timeout_s, finished, waited)
 
+    def _fetch(self, call: Any, timeout_s: float) -> tuple[Answer, Any]:
+        """The master's answer to one pull, with the split's rows fetched and copied (a SplitResult)."""
+        try:
+            kind, meta, ref, below = ray.get(call, timeout=timeout_s + 60)
+        except (RayActorError, GetTimeoutError) as exc:
+            return Answer.error, f"DPP: the job's master actor is gone ({_reason(exc)})"
+        if kind != "split":
+            return Answer(kind), meta
+        if ref is None:
+            result = SplitResult.skipped_split(meta)
+        else:
+            try:
+                result = ray.get(ref, timeout=FETCH_TIMEOUT_S)
+            except (RayError, GetTimeoutError) as exc:  # the rows' node or object store is gone: read it again
+                self.rereads += 1
+                self.master.lost_rows.remote(meta.task, f"{meta.task.split.where}: {_reason(exc)}")
+                return Answer.lost, None
+            # Object-store arrays are read-only views; the trainer gets its own, writable copies.
+            result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
+        result.complete_below = below
+        return Answer.split, result
+
+    def _take(self, client: int, finished: list[Finished], wait_s: float, deadline: float) -> tuple[Answer, Any]:
+        """Ask for a split (reporting `finished`), each ask waiting up to wait_s, again while none was ready or its
+        rows were lost, until one comes, the end, an error, the deadline or close."""
+        while True:
+            answer, got = self._fetch(self._ask(client, wait_s, finished), wait_s)
+            finished = []
+            left = deadline - time.monotonic()
+            if answer not in (Answer.timeout, Answer.lost) or left <= 0 or self._closed:
+                return answer, got
+            wait_s = min(wait_s, left)
+
+    def _take_ahead(self, client: int, finished: list[Finished]) -> tuple[Answer, Any]:
+        """The next split, in the background: asked for and its rows fetched and copied while the trainer uses
+        this one, so that neither the master's round trip nor the fetch is on the trainer's wait."""
+        try:
+            return self._take(client, finished, AHEAD_WAIT_S, math.inf)
+        except Exception as exc:  # noqa: BLE001 - said by the pull that collects it (e.g. Ray shut down at close)
+            return Answer.error, f"DPP: fetching the next split failed: {type(exc).__name__}: {exc}"
+
     def pull(self, client: int, timeout_s: float, finished: list[Finished]) -> Optional[SplitResult]:
-        """The split asked for ahead (with the previous one) when it came back with one, else a pull that waits up
-        to timeout_s; then the next split is asked for ahead, without waiting (timeout 0), so that the call's round
-        trip to the master overlaps the trainer's use of this split. A split taken ahead and never used (the run
-        stops) was not delivered: a checkpoint's position does not hold it, and a resumed job reads it again."""
+        """The split asked for ahead (with the previous one) when it came, else a pull that waits up to timeout_s;
+        then the next split is asked for and fetched in the background (_take_ahead). While the background ask
+        still waits, `finished` is reported at once (a finite run ends on that report). A split taken ahead and
+        never used (the run stops) was not delivered: a checkpoint's position does not hold it, and a resumed job
+        reads it again."""
         deadline = time.monotonic() + timeout_s
         ahead, self._ahead = self._ahead, None
-        while True:
-            left = max(deadline - time.monotonic(), 0.0)
-            if ahead is not None:
-                call, waits, ahead = ahead, False, None
-            else:
-                call, waits, finished = self._ask(client, left, finished), True, []
+        answer, got = Answer.timeout, None
+        if ahead is not None:
+            if finished and not ahead.done():
+                with self._lock:
+                    waited, self._waited = self._waited, 0.0
+                self.master.report.remote(client, finished, waited)
+                finished = []
             try:
-                kind, meta, ref, below = ray.get(call, timeout=left + 60)
-            except (RayActorError, GetTimeoutError) as exc:
-                raise DataError(f"DPP: the job's master actor is gone ({_reason(exc)})") from None
-            if kind == "timeout" and not waits:
-                continue  # nothing was ready when it was asked for ahead: ask again, waiting
-            if kind == "end":
-                return None
-            if kind == "timeout":
-                raise DataStall(meta)
-            if kind != "split":
-                raise DataError(meta)
-            if ref is None:
-                result = SplitResult.skipped_split(meta)
-            else:
-                try:
-                    result = ray.get(ref, timeout=FETCH_TIMEOUT_S)
-                except (RayError, GetTimeoutError) as exc:  # the rows' node or object store is gone: read it again
-                    self.rereads += 1
-                    self.master.lost_rows.remote(meta.task, f"{meta.task.split.where}: {_reason(exc)}")
-                    continue
-                # Object-store arrays are read-only views; the trainer gets its own, writable copies.
-                result.pieces = [Piece(p.start, _copy(p.arrays)) for p in result.pieces]
-            result.complete_below = below
-            self.pulled += 1
-            self._ahead = self._ask(client, 0.0, finished)  # reports what the client finished meanwhile
-            return result
+                answer, got = ahead.result(timeout=timeout_s)
+            except FutureTimeout:
+                self._ahead = ahead  # still asking: the next pull takes it
+                raise DataStall(f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s)") from None
+        if answer in (Answer.timeout, Answer.lost):
+            answer, got = self._take(client, finished, max(deadline - time.monotonic(), 0.0), deadline)
+            finished = []
+        if answer is Answer.end:
+            return None
+        if answer is Answer.timeout:
+            raise DataStall(got or f"DPP: no batch for {timeout_s:.0f} s (dsi.stall_timeout_s)")
+        if answer is not Answer.split:
+            raise DataError(got)
+        self.pulled += 1
+        if not self._closed:
+            if self._fetcher is None:
+                self._fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpp-ahead")
+            self._ahead = self._fetcher.submit(self._take_ahead, client, finished)
+        return got
 
     def report_wait(self, client: int, seconds: float) -> None:
-        self._waited += seconds
+        with self._lock:
+            self._waited += seconds
 
     def position(self, step: int, records: dict[int, Consumed]) -> Position:
         (client, record), = records.items()
@@ -492,7 +552,6 @@ class RayDppService:
         if self._closed or self.master is None:
             return
         self._closed = True
-        self._ahead = None
         try:
             if self.options.owner:
                 ray.get(self.master.stop.remote(self.setup.num_clients - 1, LEAVE_WAIT_S))
@@ -501,6 +560,9 @@ class RayDppService:
                 ray.get(self.master.leave.remote(self.options.client), timeout=10)
         except RayError:
             pass
+        if self._fetcher is not None:  # its ask returns within AHEAD_WAIT_S, now that the service stops or we left
+            self._fetcher.shutdown(wait=True, cancel_futures=True)
+        self._ahead = None
         if self.options.joined:
             leave_ray()
 
