@@ -89,3 +89,35 @@ def test_dense_arch_bf16_autocast_keeps_torch_ops():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert m(x).dtype is torch.bfloat16
     assert m(x).dtype is torch.float32
+
+
+@pytest.mark.parametrize("layers", [1, 3])
+def test_fused_cross_layers_match_autograds_dcn(layers):
+    """The fused low-rank cross layers (the first layer's x is x0 itself, later layers get x0 and x apart) give
+    the outputs and the gradients (inputs, U, V, biases) of autograd's x0 * (U V x + b) + x."""
+    torch.manual_seed(3)
+    fast = dlrm.LowRankCross(dim=40, num_layers=layers, rank=4)
+    for u in fast.u:   # nonzero biases, so that a wrong bias gradient would show
+        torch.nn.init.normal_(u.bias)
+    ref = dlrm.LowRankCross(dim=40, num_layers=layers, rank=4)
+    ref.load_state_dict(fast.state_dict())
+
+    def paper_form(bottom, pooled):   # the paper's form on ref's parameters, autograd's graph
+        x0 = torch.cat([bottom, pooled], dim=1)
+        x = x0
+        for v, u in zip(ref.v, ref.u):
+            x = x0 * u(v(x)) + x
+        return x
+
+    ref.forward = paper_form
+    bottom = torch.randn(48, 8, requires_grad=True)
+    pooled = torch.randn(48, 32, requires_grad=True)
+    weight = torch.randn(48, 40)
+    out, grads = _grads(fast, [bottom, pooled], weight)
+    assert "_CrossLayerBackward" in _graph(fast(bottom, pooled))
+    out_ref, grads_ref = _grads(ref, [bottom, pooled], weight)
+    assert "_CrossLayerBackward" not in _graph(ref(bottom, pooled))
+    _close(out, out_ref)
+    assert len(grads) == len(grads_ref) == 2 + 3 * layers
+    for g, r in zip(grads, grads_ref):
+        _close(g, r)

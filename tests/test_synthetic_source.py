@@ -96,6 +96,28 @@ def test_ids_drawn_block_by_block_follow_each_tables_law_across_blocks():
     assert hot.argmax() == scatter_ranks(0, 1000, 1) and hot.max() > 0.1 * counts[1]
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.8, 1.0, 1.3])
+def test_ids_follow_the_zipf_law_rank_by_rank(alpha):
+    """P(rank <= r) = ((r + 1)^e - 1) / ((rows + 1)^e - 1), e = 1 - alpha (log(r + 1) / log(rows + 1) at alpha 1,
+    r / rows uniform), for the hottest ranks one by one and the colder half, each row mapped back to its rank."""
+    rows, n = 1000, 400_000
+    ids = zipf_ids(np.random.default_rng(11), rows, alpha, n, tables=[4])
+    rank_of_row = np.empty(rows, np.int64)
+    rank_of_row[scatter_ranks(np.arange(rows), rows, 4)] = np.arange(1, rows + 1)
+    ranks = rank_of_row[ids]
+    e = 1.0 - alpha
+    if alpha == 0.0:
+        cdf = lambda r: r / rows   # noqa: E731
+    elif abs(e) < 1e-9:
+        cdf = lambda r: np.log(r + 1.0) / np.log(rows + 1.0)   # noqa: E731
+    else:
+        cdf = lambda r: ((r + 1.0) ** e - 1) / ((rows + 1.0) ** e - 1)   # noqa: E731
+    for lo, hi in [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 10), (rows // 2, rows)]:
+        p = cdf(hi) - cdf(lo)
+        got = float(np.mean((ranks > lo) & (ranks <= hi)))
+        assert abs(got - p) < 5 * np.sqrt(p * (1 - p) / n), (alpha, lo, hi, got, p)
+
+
 def test_one_table_draw_has_the_scalar_laws_shape():
     ids = zipf_ids(np.random.default_rng(0), 10, 1.0, 200_000)
     counts = np.bincount(ids, minlength=10)

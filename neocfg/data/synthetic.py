@@ -39,9 +39,10 @@ _DIRECT_ROWS = 3_037_000_499
 # and shifts (32-bit lanes: half the memory and vectorized multiplies of a 64-bit hash, on millions of ids per batch).
 _HASH_MULT = np.uint32(0x9E3779B1)
 _MIX_MULT = np.uint32(0x85EBCA6B)
-# Ids generated per block: each block's dozen passes (draw, scatter, score) stay in the core's cache instead of
+# Ids generated per block: each block's dozen passes (draw, scatter, score) stay in the core's caches instead of
 # streaming millions of ids through memory once per pass (prod_856 at 12,600 ids per sample: 3.2M ids per chunk).
-ID_BLOCK = 1 << 14
+# Measured on this project's 2-core box, a 3.2M-id chunk: 2^16 ids per block 67 ms, 2^15 68 ms, 2^14 71 ms.
+ID_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -100,8 +101,8 @@ class SyntheticData:
         table_of_id = expand(per_table)
         values, scores = np.empty(len(table_of_id), np.int64), np.empty(len(table_of_id), np.float32)
         for lo in range(0, len(values), ID_BLOCK):   # (zipf_ids' draws, block by block, then their scores)
-            tab = table_of_id[lo:lo + ID_BLOCK]
-            values[lo:lo + ID_BLOCK] = ids = tabs.zipf.draw(rng, tab)
+            tab = table_of_id[lo:lo + ID_BLOCK].astype(np.intp)
+            ids = tabs.zipf.draw(rng, tab, out=values[lo:lo + ID_BLOCK])
             scores[lo:lo + ID_BLOCK] = self.id_score(tab, ids, salts=tabs.salts)
         sums = bag_sums(scores, lengths.reshape(-1)).reshape(lengths.shape)
         sparse_part = (sums / np.maximum(lengths, 1)).sum(axis=0)
@@ -157,26 +158,24 @@ class _TableArrays:
 
 
 def expand(counts: np.ndarray) -> np.ndarray:
-    """i repeated counts[i] times, for i = 0, 1, ... (np.repeat(arange(len(counts)), counts)) in two passes over the
-    output: a bincount of the segment starts and its running sum (np.repeat copies element by element, about 10x
-    slower on millions of ids)."""
+    """i repeated counts[i] times, for i = 0, 1, ... in the narrowest integer type that holds the indices (int16
+    below 32,768 segments, else int32 or int64): np.repeat fills runs of 2- and 4-byte items ~50x faster than of
+    8-byte ones, and a narrow index array halves or quarters the traffic of every take() by it (3.2M ids of 856
+    tables: ~40 ms as int64, <1 ms as int16)."""
     counts = np.asarray(counts, np.int64).reshape(-1)
-    ends = np.cumsum(counts)
-    total = int(ends[-1]) if len(ends) else 0
-    if total == 0:
-        return np.zeros(0, np.int64)
-    starts = np.bincount(ends[:-1][ends[:-1] < total], minlength=total)
-    return np.cumsum(starts, out=starts)
+    dtype = np.int16 if len(counts) <= np.iinfo(np.int16).max + 1 else np.int32 if len(counts) <= 2**31 else np.int64
+    return np.repeat(np.arange(len(counts), dtype=dtype), counts)
 
 
 def bag_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Sum of each bag's values (float64), bags of `lengths` consecutive values: one np.add.reduceat pass over
-    the values (a bincount over expanded bag indices takes three); empty bags sum to 0."""
+    """Sum of each bag's values (as float64), bags of `lengths` consecutive values: one np.add.reduceat pass over
+    the values, accumulated in their own dtype (asking reduceat for float64 sums of float32 values casts them
+    value by value in its buffered loop: ~10x slower on millions of scores); empty bags sum to 0."""
     lengths = np.asarray(lengths, np.int64).reshape(-1)
     sums = np.zeros(len(lengths))
     filled = lengths > 0   # (reduceat sums up to the next start: the non-empty bags' starts strictly increase)
     if filled.any():
-        sums[filled] = np.add.reduceat(values, (np.cumsum(lengths) - lengths)[filled], dtype=np.float64)
+        sums[filled] = np.add.reduceat(values, (np.cumsum(lengths) - lengths)[filled])
     return sums
 
 
@@ -212,7 +211,9 @@ class _ZipfLaw:
     harmonic: np.ndarray   # [T] bool
     mult: np.ndarray       # [T] scatter_ranks' multiplier
     offset: np.ndarray     # [T] and offset
+    offset1: np.ndarray    # [T] offset - mult (mod rows): the row of 1-based rank r is (r mult + offset1) mod rows
     uniform: bool          # every alpha 0: rank = 1 + floor(rows u), the same law without the logs
+    any_harmonic: bool
 
     @staticmethod
     def of(num_rows, alpha, tables) -> "_ZipfLaw":
@@ -225,28 +226,30 @@ class _ZipfLaw:
         mult, offset = _scatter_constants(rows, tables)
         return _ZipfLaw(rows=rows, log_top=log_top, c=np.where(harmonic, 0.0, np.expm1(e_safe * log_top)),
                         scale=np.where(harmonic, 0.0, 1.0 / e_safe), harmonic=harmonic, mult=mult, offset=offset,
-                        uniform=not a.any())
+                        offset1=(offset - mult) % rows, uniform=not a.any(), any_harmonic=bool(harmonic.any()))
 
-    def draw(self, rng: np.random.Generator, tab: np.ndarray) -> np.ndarray:
-        """One id per entry of tab (each id's table), from len(tab) uniforms of rng."""
+    def draw(self, rng: np.random.Generator, tab: np.ndarray, out: Optional[np.ndarray] = None) -> np.ndarray:
+        """One id per entry of tab (each id's table), from len(tab) uniforms of rng, written to `out` (int64) if
+        given. tab is widened to intp once (take() would convert a narrow index array at every call).
+
+        The 1-based rank floor(exp(...)) lies in [1, rows] (u < 1; rows + 1 only by a rounding, which the modulo
+        of the scatter folds onto rank 1's row), so it goes to the scatter without a clip or a shift (offset1)."""
+        tab = tab.astype(np.intp, copy=False)
         u = rng.random(len(tab))
         if self.uniform:
-            ranks = (u * (self.rows + 0.0).take(tab)).astype(np.int64)
-            ranks += 1
+            u *= self.rows.take(tab)
+            ranks, offset = u.astype(np.int64), self.offset      # 0-based
         else:
             log_rank = self.c.take(tab)
             log_rank *= u
             np.log1p(log_rank, out=log_rank)
             log_rank *= self.scale.take(tab)
-            h = self.harmonic.take(tab)
-            if h.any():
+            if self.any_harmonic:
+                h = self.harmonic.take(tab)
                 log_rank[h] = u[h] * self.log_top.take(tab[h])
-            ranks = np.exp(log_rank, out=log_rank).astype(np.int64)   # floor (ranks >= 1)
-        rows_per_id = self.rows.take(tab)
-        np.clip(ranks, 1, rows_per_id, out=ranks)
-        ranks -= 1
-        return _scatter(ranks, rows_per_id, self.mult.take(tab), self.offset.take(tab),
-                        int(self.rows.max(initial=1)))
+            ranks, offset = np.exp(log_rank, out=log_rank).astype(np.int64), self.offset1   # floor, 1-based
+        return _scatter(ranks, self.rows.take(tab), self.mult.take(tab), offset.take(tab),
+                        int(self.rows.max(initial=1)), out)
 
 
 def zipf_ids(rng: np.random.Generator, num_rows, alpha, counts, tables=None) -> np.ndarray:
@@ -262,7 +265,7 @@ def zipf_ids(rng: np.random.Generator, num_rows, alpha, counts, tables=None) -> 
     law, tab = _ZipfLaw.of(rows, alpha, tables), expand(counts)
     out = np.empty(len(tab), np.int64)
     for lo in range(0, len(tab), ID_BLOCK):
-        out[lo:lo + ID_BLOCK] = law.draw(rng, tab[lo:lo + ID_BLOCK])
+        law.draw(rng, tab[lo:lo + ID_BLOCK], out=out[lo:lo + ID_BLOCK])
     return out
 
 
@@ -288,8 +291,10 @@ def _scatter_constants(rows: np.ndarray, tables: np.ndarray) -> tuple[np.ndarray
         mult[bad] += 1
 
 
-def _scatter(ranks: np.ndarray, rows: np.ndarray, mult: np.ndarray, offset: np.ndarray, max_rows: int) -> np.ndarray:
-    """(ranks x mult + offset) mod rows elementwise, in place in `ranks`, without int64 overflow."""
+def _scatter(ranks: np.ndarray, rows: np.ndarray, mult: np.ndarray, offset: np.ndarray, max_rows: int,
+             out: Optional[np.ndarray] = None) -> np.ndarray:
+    """(ranks x mult + offset) mod rows elementwise, without int64 overflow; in `out` if given, else in place in
+    `ranks`."""
     if max_rows < _DIRECT_ROWS:
         ranks *= mult
     else:   # mult = hi x 2^20 + lo, each product below 2^60 for rows below 2^40
@@ -299,4 +304,4 @@ def _scatter(ranks: np.ndarray, rows: np.ndarray, mult: np.ndarray, offset: np.n
         ranks <<= 20
         ranks += lo
     ranks += offset
-    return np.remainder(ranks, rows, out=ranks)
+    return np.remainder(ranks, rows, out=ranks if out is None else out)

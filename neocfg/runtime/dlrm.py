@@ -130,8 +130,41 @@ class DotInteraction(nn.Module):
         return torch.cat([bottom, z[:, self.rows, self.cols]], dim=1)
 
 
+class _CrossLayer(torch.autograd.Function):
+    """One low-rank cross layer y = x0 * (U V x + b) + x with its [B, D]-wide passes fused: forward one addcmul
+    after the two thin matmuls; backward dz = g x0, then dx = g + (dz U) V in one addmm and, in the first layer
+    (x is x0), + g z in one addcmul into it. Autograd's graph of the same ops makes two more passes forward and
+    backward (the separate add, g x0 and g z as new tensors, and two accumulations into x0), each a full pass over
+    B x D floats: the cost of the layer on a CPU, where such a pass is memory-bound (856 tables of dim 16: D =
+    13,712)."""
+
+    @staticmethod
+    def forward(ctx, x0: torch.Tensor, x: torch.Tensor, v: torch.Tensor, u: torch.Tensor,
+                b: torch.Tensor) -> torch.Tensor:
+        t = x.mm(v.t())                                  # [B, rank]
+        z = torch.addmm(b, t, u.t())                     # [B, D]
+        ctx.first = x is x0
+        ctx.save_for_backward(x0, x, t, z, v, u)
+        return torch.addcmul(x, x0, z)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x0, x, t, z, v, u = ctx.saved_tensors
+        g = g.contiguous()
+        dz = g * x0
+        dt = dz.mm(u)                                    # [B, rank]
+        dx = torch.addmm(g, dt, v)
+        if ctx.first:   # x0 and x are one tensor: its whole gradient here (None for x0's slot)
+            dx0 = None
+            dx.addcmul_(g, z)
+        else:
+            dx0 = g * z
+        return dx0, dx, dt.t().mm(x), dz.t().mm(t), dz.sum(0)
+
+
 class LowRankCross(nn.Module):
-    """DCN-v2 cross layers, low-rank: x_{l+1} = x0 * (U_l V_l x_l + b_l) + x_l (Wang et al. 2021)."""
+    """DCN-v2 cross layers, low-rank: x_{l+1} = x0 * (U_l V_l x_l + b_l) + x_l (Wang et al. 2021). A CPU fp32 pass
+    outside autocast runs each layer as _CrossLayer (the same math, fewer passes over memory)."""
 
     def __init__(self, dim: int, num_layers: int, rank: int) -> None:
         super().__init__()
@@ -142,8 +175,9 @@ class LowRankCross(nn.Module):
     def forward(self, bottom: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
         x0 = torch.cat([bottom, pooled], dim=1)
         x = x0
+        fused = _fast_path(x0)
         for v, u in zip(self.v, self.u):
-            x = x0 * u(v(x)) + x
+            x = _CrossLayer.apply(x0, x, v.weight, u.weight, u.bias) if fused else x0 * u(v(x)) + x
         return x
 
 
