@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from neocfg.runtime.dist import ChunkGather
+from neocfg.runtime.dist import ChunkGather, _piece_gather
 
 
 def _blocks(perm: list[int], run: int) -> torch.Tensor:
@@ -28,3 +28,14 @@ def test_zero_run_stands_for_zeros():
     g = ChunkGather.build(index, src.numel(), zero_run=True)
     assert g.run == 16
     assert torch.equal(g(src), torch.cat([src[32:48], torch.zeros(16), src[:16]]))
+
+
+def test_piece_gather_puts_each_sources_columns_in_the_output_rows():
+    """Source s sends its [B, w_s] block (all_to_all: source-major); the gather of output element (i, col) is
+    element (i, c) of the block of col's source, columns in source order, a width-0 source sending nothing."""
+    b, widths = 3, [2, 0, 3, 1]
+    recv = torch.cat([torch.tensor([[100 * s + 10 * i + c for c in range(w)] for i in range(b)]).reshape(-1)
+                      for s, w in enumerate(widths)])
+    out = recv[_piece_gather(b, widths)].view(b, sum(widths))
+    cols = [(s, c) for s, w in enumerate(widths) for c in range(w)]
+    assert out.tolist() == [[100 * s + 10 * i + c for s, c in cols] for i in range(b)]

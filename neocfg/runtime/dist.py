@@ -259,9 +259,12 @@ class EmbeddingExchange(torch.autograd.Function):
 def _piece_gather(b: int, widths: list[int]) -> torch.Tensor:
     """Received all_to_all elements are source-major [s][B][w_s]; element j of the flat [B, sum w] output is
     received element gather[j]."""
-    starts = torch.cumsum(torch.tensor([0] + [b * w for w in widths[:-1]]), 0).tolist()
-    cols = [(start, w, c) for start, w in zip(starts, widths) for c in range(w)]
-    return torch.tensor([start + i * w + c for i in range(b) for start, w, c in cols], dtype=torch.long)
+    w = torch.tensor(widths, dtype=torch.long)
+    starts = torch.cumsum(b * w, 0) - b * w
+    # per output column: its source's first element, its source's width and its place in that width
+    col_start, col_width = starts.repeat_interleave(w), w.repeat_interleave(w)
+    col_in = torch.arange(int(w.sum())) - (torch.cumsum(w, 0) - w).repeat_interleave(w)
+    return (col_start + col_in + torch.arange(b).view(-1, 1) * col_width).reshape(-1)
 
 
 def _hier_forward(xp: ExchangePlan, part: torch.Tensor) -> torch.Tensor:
