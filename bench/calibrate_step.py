@@ -41,15 +41,20 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import compose_cfg  # noqa: E402
-from estimate_terms import Kind, train  # noqa: E402
+from estimate_terms import Kind, train_undisturbed  # noqa: E402
 
 from neocfg.plan import Plan  # noqa: E402
-from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, dense_activations, dense_cost,  # noqa: E402
-                                  dense_flops_and_params, dense_layers, zipf_hit_rate)
+from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, ddp_allreduce_ms,  # noqa: E402
+                                  dense_activations, dense_cost, dense_flops_and_params, dense_layers, rider_bytes,
+                                  zipf_hit_rate)
 from neocfg.sharding import SCHEMES  # noqa: E402
 from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
 
 DIM = 16
+DDP, EXCHANGE = "train.dense_grad_sync=ddp", "train.dense_grad_sync=exchange"
+# Latencies of one DDP bucket all-reduce tried by the dense fit, microseconds (gloo's small all-reduce alone on a
+# quiet box takes ~110 us; a collective waiting for a late peer in a step ~1.35 ms).
+DDP_LATENCY_US = (0.0, 50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1600.0)
 # Sizes of a rank's processor cache tried by the compute fit, MiB (the per-rank share of an L3 of a few to tens of MiB).
 CACHE_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
@@ -89,6 +94,13 @@ def _runs() -> dict[str, CalRun]:
         "deep_tw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
         "deep_rw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "row_wise", 256),
         "skewed_tw": CalRun(Kind("skewed", skewed, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
+        # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
+        # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
+        "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
+        "many_tw_ddp": CalRun(Kind("many", many, steps=60, extra=(DDP,)), "table_wise", 256),
+        "mlp_tw_x": CalRun(Kind("mlp", mlp, steps=60, extra=(EXCHANGE,)), "table_wise", 512),
+        "wide_tw_x": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10", EXCHANGE)), "table_wise",
+                            256),
     }
 
 
@@ -96,7 +108,7 @@ def run_names() -> list[str]:
     return list(_runs())
 
 
-def measure(names: list[str]) -> list[dict]:
+def measure(names: list[str], retries: int = 2) -> list[dict]:
     """Train each calibration run by the CLI; its laps per rank and the plan it ran."""
     runs = _runs()
     out = []
@@ -107,9 +119,11 @@ def measure(names: list[str]) -> list[dict]:
             (conf / "model" / f"{r.kind.model['name']}.yaml").write_text(yaml.safe_dump(r.kind.model, sort_keys=False))
         for name in names:
             r = runs[name]
-            run_dir = Path(tmp) / name
-            m = train(r.kind, r.sharding, conf, run_dir, [f"train.batch_size={r.batch}"])
-            out.append({"name": name, "model": r.kind.model, "batch": r.batch, "breakdown": m.breakdown_ms,
+            got = train_undisturbed(r.kind, r.sharding, conf, Path(tmp) / name, [f"train.batch_size={r.batch}"],
+                                    retries)
+            m, run_dir = got.metrics, got.run_dir
+            out.append({"name": name, "model": r.kind.model, "batch": r.batch, "extra": list(r.kind.extra),
+                        "others": got.others, "breakdown": m.breakdown_ms,
                         "per_rank": m.breakdown_ms_per_rank,
                         "plan": json.loads((run_dir / "plan.json").read_text())})
             print(f"{name}: " + ", ".join(f"{k} {v:.2f}" for k, v in m.breakdown_ms.items()), file=sys.stderr,
@@ -150,14 +164,16 @@ def features(run: dict) -> dict:
     flops, params = dense_flops_and_params(cfg.model)
     c = cfg.planner.costs
     sync = plan.strategies.dense_grad_sync
-    ddp = dense_cost(cfg, DenseGradSync.ddp).perf.comm if sync is DenseGradSync.ddp else 0.0
+    backward = dense_cost(cfg).perf.bwd_compute
+    # DDP's exposed all-reduce (priced after the backward as the preset prices it) at each latency tried
+    ddp = {us: ddp_allreduce_ms(cfg, backward, us) if sync is DenseGradSync.ddp else 0.0 for us in DDP_LATENCY_US}
     return {"ranks": [{**r, "groups": len(r["groups"])} for r in ranks], "batch": b, "world": world,
             "weights": sum(t.num_embeddings * t.embedding_dim * FP32 for t in cfg.model.tables),
             "bags": b * len(cfg.model.tables), "ids": b * sum(t.pooling_factor for t in cfg.model.tables),
             "prefetch_ids": plan.strategies.ids_exchange is IdsExchange.prefetch,
             "kernels": c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels,
             "train_flops": flops * b * TRAIN_FLOPS_PER_FWD, "act_bytes": dense_activations(cfg.model) * FP32 * b,
-            "ddp_ms": ddp, "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
+            "ddp": ddp, "riders": rider_bytes(cfg, sync), "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
             "exchange_ms_per_byte": cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte,
             "link_ms_per_byte": cost.a2a_ms_per_byte(),
             "shard_overhead_ms": c.shard_overhead_us / 1e3 * (1 + c.bwd_compute_multiplier),
@@ -264,31 +280,39 @@ def fit(runs: list[dict]) -> dict:
             check("routing", n, y, step + per_id * x[1])
         out |= {"device.routing_us_per_step": step * 1e3,
                 "device.routing_ns_per_row_id": (per_id - routing_per_id) * 1e6}
-    # dense: kernels, training FLOPs, activation bytes, and the exposed part of DDP's all-reduce where the plan syncs
-    # the dense gradients by DDP (a per-run indicator: bucketed and overlapped with the backward, it costs about the
-    # same whatever its bytes; reported beside what the cost model prices, not a preset key)
-    rows, ys, names = [], [], []
-    for r in runs:
-        f = feats[r["name"]]
-        rows.append([f["kernels"], f["train_flops"], f["act_bytes"], 1.0 if f["ddp_ms"] > 0 else 0.0])
-        ys.append(r["breakdown"]["dense"])
-        names.append(r["name"])
-    k, per_flop, per_act, ddp = _fit(rows, ys)
-    for n, x, y in zip(names, rows, ys):
-        check("dense", n, y, k * x[0] + per_flop * x[1] + per_act * x[2] + ddp * x[3])
-    priced = sorted({round(feats[r["name"]]["ddp_ms"], 2) for r in runs if feats[r["name"]]["ddp_ms"] > 0})
+    # dense: kernels, training FLOPs, activation bytes, and where the plan syncs the dense gradients by DDP its
+    # all-reduce as exposed after the backward (costs.ddp_exposed_ms over the step's buckets), at the one of
+    # DDP_LATENCY_US that fits best
+    best = None
+    for us in DDP_LATENCY_US:
+        rows, ys, names, exposed = [], [], [], []
+        for r in runs:
+            f = feats[r["name"]]
+            rows.append([f["kernels"], f["train_flops"], f["act_bytes"]])
+            ys.append(r["breakdown"]["dense"] - f["ddp"][us])
+            exposed.append(f["ddp"][us])
+            names.append(r["name"])
+        coef = _fit(rows, ys)
+        fitted = np.array(rows) @ np.array(coef) + np.array(exposed)
+        laps = np.array(ys) + np.array(exposed)
+        err = float(np.sqrt(np.mean((fitted / laps - 1) ** 2)))
+        if best is None or err < best[0]:
+            best = (err, us, coef, names, fitted, laps)
+    _, ddp_us, (k, per_flop, per_act), names, fitted, laps = best
+    for n, y, fy in zip(names, laps, fitted):
+        check("dense", n, y, fy)
     out |= {"device.kernel_overhead_us": k * 1e3, "dense_tflops": 1 / per_flop / 1e9,
-            "planner.costs.dense_activation_passes": per_act * any_f["stream_gbs"] * 1e6,
-            f"(DDP all-reduce exposed in the dense lap, ms; priced {priced})": ddp}
+            "planner.costs.dense_activation_passes": per_act * any_f["stream_gbs"] * 1e6, "ddp_latency_us": ddp_us}
     # a collective inside a step and the exchange's host copies per byte: the output exchange's two collectives
     # (forward outputs, backward gradients: comm_fwd + comm_bwd per rank, less their kernels as priced) fitted to
-    # 2 collectives + their bytes (the bytes the cost model prices, recovered from its time at its rate per byte)
+    # 2 collectives + their bytes (the bytes the cost model prices, recovered from its time at its rate per byte, and
+    # the dense gradients riding in the backward all-to-all where the plan folds them)
     rows, ys, names = [], [], []
     for r in runs:
         f = feats[r["name"]]
         for rank, laps in zip(f["ranks"], r["per_rank"]):
             if rank["pieces"]:
-                rows.append([2.0, rank["out_ms"] / f["exchange_ms_per_byte"]])
+                rows.append([2.0, rank["out_ms"] / f["exchange_ms_per_byte"] + f["riders"]])
                 ys.append(laps["comm_fwd"] + laps["comm_bwd"] - f["exchange_kernels_ms"])
                 names.append(r["name"])
     alpha, per_byte = _fit(rows, ys)

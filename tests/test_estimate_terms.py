@@ -59,3 +59,21 @@ def test_merge_numbers_the_runs_of_separate_invocations(tmp_path):
     assert "**small, row_wise, run 1**" in out and "**small, row_wise, run 2**" in out
     summary_row = next(line for line in out.splitlines() if line.startswith("| small | row_wise |"))
     assert _cells(summary_row)[2] == "2"
+
+
+def test_a_busy_process_beside_the_run_marks_it_disturbed():
+    """CpuClock counts the machine's busy CPU time less what the measured children took: a process still running
+    beside a quiet child (not waited for: not ours) shows as others' share of the cores; the child's own time does
+    not."""
+    bench = _bench()
+    burn = [sys.executable, "-c", "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.5: pass"]
+    start = bench.CpuClock.now()
+    beside = subprocess.Popen(burn)
+    subprocess.run([sys.executable, "-c", "import time; time.sleep(1.0)"], check=True)
+    end = bench.CpuClock.now()
+    beside.kill()
+    beside.wait()
+    assert end.others_since(start) >= 0.2
+    # the arithmetic: 3 s busy of which 1 s ours, 0.5 s stolen, over 2 s of wall on the machine's cores
+    a, b = bench.CpuClock(10.0, 0.0, 1.0, 0.0), bench.CpuClock(13.0, 0.5, 2.0, 2.0)
+    assert b.others_since(a) == (3.0 - 1.0 + 0.5) / (2.0 * (__import__("os").cpu_count() or 1))

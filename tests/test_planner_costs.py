@@ -27,7 +27,21 @@ IDS_TWRW = 8 * (100 + 50) * 4
 
 @pytest.fixture(scope="module")
 def cost():
-    return CostModel.from_config(round_cfg(TABLE))
+    # unpipelined: the ids' payload is waited for in the step, its bytes priced (pipelined, it travels behind the
+    # compute: test_pipelined_ids_leave_the_step)
+    return CostModel.from_config(round_cfg(TABLE, "train.pipeline=false"))
+
+
+def test_pipelined_ids_leave_the_step(cost, table):
+    """Pipelined (the default), a step's ids were sent during the step before and have arrived: the piece's comm is
+    its outputs and gradients only, the ids' payload neither bytes nor latency."""
+    piped = CostModel.from_config(round_cfg(TABLE))
+    assert piped.ids_overlapped and not cost.ids_overlapped
+    for sharding in (ShardingType.table_wise, ShardingType.row_wise, ShardingType.column_wise):
+        shape = cost.shape(table, sharding, 1)
+        ids = cost.ids_ms(table, sharding, shape)
+        assert ids > 0 and piped.ids_ms(table, sharding, shape) == 0.0
+        assert piped.comm(table, sharding, shape).total == approx(cost.comm(table, sharding, shape).total - ids)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +71,8 @@ def test_table_wise(cost, table):
 
 
 def test_fp16_and_fp16_comm(table):
-    cost = CostModel.from_config(round_cfg(TABLE, "planner.a2a_fwd_dtype=fp16", "planner.a2a_bwd_dtype=bf16"))
+    cost = CostModel.from_config(round_cfg(TABLE, "planner.a2a_fwd_dtype=fp16", "planner.a2a_bwd_dtype=bf16",
+                                           "train.pipeline=false"))
     perf, st = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp16, 1)
     assert perf.fwd_compute == approx(800 * 2 * 16 * 2 / 1000e9 * 1e3)
     assert perf.fwd_comm == approx((IDS_WHOLE + 800 * 16 * 2) * A2A)
@@ -204,16 +219,22 @@ def test_embedding_collectives_are_the_step_list(train):
 def test_embedding_overhead_hand_computed():
     cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_step=30"))
     S = ShardingType
-    # TW + RW, pipelined (the default): ids 1 + 2 + 2 = 5 collectives x 0.1 ms, plus 12 output-exchange kernels x 0.01 ms + the routing's 0.03 ms
+    # TW + RW, pipelined (the default): the ids' one collective travels behind the compute (sent a step ahead, not
+    # in the step's time), the outputs' 2 + 2 = 4 collectives x 0.1 ms, plus 12 output-exchange kernels x 0.01 ms +
+    # the routing's 0.03 ms
     perf = cost.embedding_overhead_ms([S.table_wise, S.row_wise], groups=2)
-    assert perf.comm == approx(5 * 0.1 + 12 * 0.01 + 0.03)
+    assert perf.comm == approx(4 * 0.1 + 12 * 0.01 + 0.03)
+    # unpipelined: the ids' 2 collectives (counts, then the payload) are waited for in the step
+    plain = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.device.routing_us_per_step=30",
+                                            "train.pipeline=false"))
+    assert plain.embedding_overhead_ms([S.table_wise, S.row_wise], groups=2).comm == approx(6 * 0.1 + 12 * 0.01 + 0.03)
     assert perf.fwd_comm == approx(2 * perf.bwd_comm)
     # 2 TBE groups x 4 kernels x 0.01 ms, half forward
     assert perf.compute == approx(2 * 4 * 0.01)
     assert perf.fwd_compute == approx(perf.bwd_compute)
     # unmeasured routing (the GPU presets): the router's 40 kernels per step at the kernel overhead
     unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD)).embedding_overhead_ms([S.table_wise], 0)
-    assert unset.comm == approx(3 * 0.1 + 12 * 0.01 + 40 * 0.01)
+    assert unset.comm == approx(2 * 0.1 + 12 * 0.01 + 40 * 0.01)
     # zero latency and kernel cost: nothing
     assert CostModel.from_config(round_cfg(TABLE)).embedding_overhead_ms([S.table_wise], 1).total == 0.0
     # a measured TBE call (cpu_local): its own time per group instead of 4 kernels' launches, half forward
@@ -229,13 +250,14 @@ def test_data_parallel_all_reduce_latency(table):
     from neocfg.runtime.plans import rule_plan
     S = ShardingType
     unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD))
-    # ids (1 collective, pipelined, x 0.1 ms) + the all-reduce (0.1 ms) + 12 exchange kernels x 0.01 ms + routing 40 x 0.01 ms
-    assert unset.embedding_overhead_ms([S.data_parallel]).comm == approx(1 * 0.1 + 0.1 + 12 * 0.01 + 40 * 0.01)
+    # the all-reduce (0.1 ms) + 12 exchange kernels x 0.01 ms + routing 40 x 0.01 ms (the ids' one collective,
+    # pipelined, travels behind the compute)
+    assert unset.embedding_overhead_ms([S.data_parallel]).comm == approx(0.1 + 12 * 0.01 + 40 * 0.01)
     cfg = round_cfg(TABLE, *OVERHEAD, "hardware.all_reduce_latency_us=350")
     measured = CostModel.from_config(cfg)
-    assert measured.embedding_overhead_ms([S.data_parallel]).comm == approx(1 * 0.1 + 0.35 + 12 * 0.01 + 40 * 0.01)
-    # other kinds keep collective_latency_us: TW + DP = ids 1 + outputs 2 collectives x 0.1 ms + the all-reduce
-    assert measured.collectives_latency_ms([S.table_wise, S.data_parallel]) == approx(3 * 0.1 + 0.35)
+    assert measured.embedding_overhead_ms([S.data_parallel]).comm == approx(0.35 + 12 * 0.01 + 40 * 0.01)
+    # other kinds keep collective_latency_us: TW + DP = outputs 2 collectives x 0.1 ms + the all-reduce
+    assert measured.collectives_latency_ms([S.table_wise, S.data_parallel]) == approx(2 * 0.1 + 0.35)
     # the DP table's backward as metrics.json predicts it: the all-reduce's 0.35 ms + 2 x its fp32 gradient's bytes
     # at the reduce-scatter rate; its lookups' backward (2 x forward: B*L rows x 16 x 4 B at 1000 GB/s) + 12 passes
     plan = rule_plan(cfg.model, world=8, devices_per_node=4, batch_size=100, sharding=S.data_parallel)
@@ -280,9 +302,10 @@ def test_tiny_plan_step_hand_computed():
                     "hardware.device.routing_ns_per_id=50", "hardware.host.synthetic_us_per_sample=2")
     plan = plan_placement(cfg)
     lookups = 800 * 2 * 16 * 4 / 1000e9 * 1e3 * 3                       # fwd + 2x bwd, HBM 1000 GB/s
-    exchange = (IDS_WHOLE + 2 * 800 * 16 * 4) * A2A                      # ids in; outputs out, gradients back
-    routing = 800 * 2 * 50e-6 + 0.03                                     # per id received + per step
-    fixed = 3 * 0.1 + 12 * 0.01 + 4 * 0.01                               # TW pipelined: 3 collectives; kernels
+    exchange = 2 * 800 * 16 * 4 * A2A                                    # outputs out, gradients back (the
+    routing = 800 * 2 * 50e-6 + 0.03                                     # ids came during the step before);
+    fixed = 2 * 0.1 + 12 * 0.01 + 4 * 0.01                               # per id received + per step; TW pipelined:
+    #                                                                      the outputs' 2 collectives; kernels
     data = 100 * 2 / 1e3                                                 # B=100 samples x 2 us
     assert data_ms(cfg) == approx(data)
     dense = dense_cost(cfg).perf.total                                   # its own hand-computed tests above
@@ -313,10 +336,13 @@ def test_dense_overhead_hand_computed():
     assert d2.perf.bwd_comm == approx(base.perf.bwd_comm + 0.1)
     wide = ["model.bottom_mlp=[1024,512,8]"]
     w1 = dense_cost(round_cfg(TABLE, *wide))
-    w2 = dense_cost(round_cfg(TABLE, *OVERHEAD, *wide, "planner.costs.ddp_bucket_mib=0.1"))
+    w0 = dense_cost(round_cfg(TABLE, *wide, "planner.costs.ddp_bucket_mib=0.1"))
+    w2 = dense_cost(round_cfg(TABLE, *wide, "planner.costs.ddp_bucket_mib=0.1", "hardware.collective_latency_us=100"))
     buckets = 1 + -(-(w1.parameters * 4 - 2**20) // int(0.1 * 2**20))
     assert buckets > 2
-    assert w2.perf.bwd_comm == approx(w1.perf.bwd_comm + buckets * 0.1)
+    # a backward of a few microseconds hides none of them: every bucket's latency is in the step
+    assert w0.perf.bwd_compute < 0.01
+    assert w2.perf.bwd_comm == approx(w0.perf.bwd_comm + buckets * 0.1)
 
 
 def test_folded_dense_gradients_ride_in_the_all_to_all():
@@ -352,7 +378,7 @@ def test_plan_carries_the_overheads():
 
 
 def test_exchange_copy_per_byte(table):
-    cost = CostModel.from_config(round_cfg(TABLE, "+hardware.device.exchange_copy_gbs=2"))
+    cost = CostModel.from_config(round_cfg(TABLE, "+hardware.device.exchange_copy_gbs=2", "train.pipeline=false"))
     copy = 1 / 2e9 * 1e3                              # ms per byte of host copies
     perf, _ = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
     assert perf.fwd_comm == approx((IDS_WHOLE + 800 * 16 * 4) * (A2A + copy))
@@ -444,16 +470,23 @@ def test_prefetched_ids_routing_is_data_and_their_collectives_leave_the_step():
     cpu = (*OVERHEAD, "planner.sharding_types=[row_wise]", "hardware.device.kind=cpu", "hardware.backend=gloo",
            "hardware.device.routing_us_per_step=30", "hardware.device.routing_ns_per_id=50",
            "hardware.device.routing_ns_per_row_id=20", "hardware.host.synthetic_us_per_sample=2")
-    step = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step"))
+    step = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step", "train.pipeline=false"))
+    piped = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step"))
     ahead = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=prefetch"))
     assert step.strategies.ids_exchange.value == "step" and ahead.strategies.ids_exchange.value == "prefetch"
+    assert piped.strategies.pipeline and not step.strategies.pipeline
     routing = 0.03 + 100 * 2 * 70e-6                       # per step + B x L ids received x (50 + 20 ns)
     assert step.estimate.data_ms == approx(100 * 2 / 1e3)  # B=100 x 2 us
     assert ahead.estimate.data_ms == approx(100 * 2 / 1e3 + routing)
-    # ... and the pipelined step's one id all-to-all (100 us) and its bytes (a row range's ids) leave the step
+    # ... and the unpipelined step's two id all-to-alls (counts, payload: 100 us each) and the payload's bytes (a
+    # row range's ids) leave the step
     for s, a in zip(step.devices, ahead.devices):
-        assert a.comm_ms == approx(s.comm_ms - routing - 0.1 - IDS_RW * A2A)
-        assert a.total_ms == approx(s.total_ms - 0.1 - IDS_RW * A2A)
+        assert a.comm_ms == approx(s.comm_ms - routing - 0.2 - IDS_RW * A2A)
+        assert a.total_ms == approx(s.total_ms - 0.2 - IDS_RW * A2A)
+    # pipelined, the payload already travels behind the compute (sent a step ahead): only the routing moves
+    for p, a in zip(piped.devices, ahead.devices):
+        assert a.comm_ms == approx(p.comm_ms - routing)
+        assert a.total_ms == approx(p.total_ms)
 
 
 def test_processor_cache_serves_the_hottest_rows(table):
@@ -519,7 +552,7 @@ def test_auto_ids_exchange_is_priced_as_it_resolves():
            "hardware.device.routing_us_per_step=30", "hardware.device.routing_ns_per_id=50")
     auto = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=auto"))
     ahead = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=prefetch"))
-    step = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step"))
+    step = plan_placement(round_cfg(TABLE, *cpu, "train.ids_exchange=step", "train.pipeline=false"))
     assert auto.strategies.ids_exchange.value == "prefetch"
     assert [d.total_ms for d in auto.devices] == approx([d.total_ms for d in ahead.devices])
     assert auto.estimate.data_ms == approx(ahead.estimate.data_ms)
@@ -532,8 +565,9 @@ def test_per_id_weights_are_priced_as_a_payload_of_their_own():
     from neocfg.sharding.collectives import Carries
     weighted = ("dsi=parquet_local", "++dsi.columns.label=y", "++dsi.columns.dense=[d0,d1,d2,d3]",
                 "++dsi.columns.sparse={t: t_ids}", "++dsi.columns.weights={t: t_w}")
-    plain = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, *weighted[:-1]))
-    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, *weighted))
+    # unpipelined: the ids' payloads are in the step
+    plain = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "train.pipeline=false", *weighted[:-1]))
+    cost = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "train.pipeline=false", *weighted))
     assert cost.id_weights and not plain.id_weights and cost.id_bytes == plain.id_bytes == 4
     assert cost.id_collectives == plain.id_collectives + 1
     shape = cost.shape(round_cfg(TABLE).model.tables[0], ShardingType.table_wise, 1)

@@ -20,8 +20,10 @@ from planner_helpers import ROUND_HW, round_cfg, tables_override
 # keep to row- or column-wise; hot: a pooling so large that one device holding it all would be the busiest.
 ROWS = ([("big", 20_000_000, 128, 2.0), ("forced", 1000, 64, 1.0), ("hot", 100_000, 64, 400.0)]
         + [(f"s{i}", 50_000, 64, 3.0) for i in range(6)])
+# Unpipelined: the ids' payload is in the step (pipelined, it travels behind the compute and costs the step nothing),
+# so one device receiving the whole table's ids is what makes table-wise the cheapest option for "big".
 EXTRA = ["planner.memory_tiers=[hbm]", "hardware.device.hbm_gib=8", "+model.tables.1.sharding_types=[row_wise]",
-         "+model.tables.3.sharding_types=[row_wise,column_wise]"]
+         "+model.tables.3.sharding_types=[row_wise,column_wise]", "train.pipeline=false"]
 MODEL = ["model.interaction=dcn", "model.bottom_mlp=[8]", "model.top_mlp=[4,1]", "model.num_dense_features=4"]
 # 24 tables of 2.9 GiB on 8 devices of 8 GiB: a third of them cannot stay in device memory.
 CROWDED = [(f"m{i}", 6_000_000, 128, 20.0) for i in range(24)]

@@ -156,6 +156,10 @@ class HardwareConfig:
     # small-message all-reduce within a node is no slower than its all-to-all). cpu_local: measured (gloo's ring
     # all-reduce is two dependent exchanges, a reduce-scatter then an all-gather, each waking the peer's thread).
     all_reduce_latency_us: Optional[float] = None
+    # Fixed time of one of DDP's dense-gradient all-reduces in a training step (its bucket all-reduces, on the default
+    # group, behind the dense backward), microseconds; unset: collective_latency_us. The ranks reach them together
+    # (the same dense work since the last all-to-all): no wait for a late peer in it.
+    ddp_latency_us: Optional[float] = None
 
     @property
     def num_devices(self) -> int:
@@ -177,5 +181,7 @@ class HardwareConfig:
         checks.non_negative(f"{key}.collective_latency_us", self.collective_latency_us)
         if self.all_reduce_latency_us is not None:
             checks.non_negative(f"{key}.all_reduce_latency_us", self.all_reduce_latency_us)
+        if self.ddp_latency_us is not None:
+            checks.non_negative(f"{key}.ddp_latency_us", self.ddp_latency_us)
         if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
             raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

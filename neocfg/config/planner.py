@@ -32,9 +32,6 @@ class CostConstants:
     # Fraction of the device's peak FLOP/s the dense MLPs reach in training (model FLOPs utilization; MLPerf DLRM
     # submissions on A100 report 30-50 %).
     dense_mfu: float = 0.4
-    # Fraction of the dense-gradient all-reduce that is not hidden behind the backward pass (1 = no overlap, the
-    # conservative choice; Neo overlaps part of it).
-    dense_allreduce_exposed: float = 1.0
     # Fixed cost per embedding shard per step (microseconds): index bookkeeping, bucketization and small kernels
     # that run per table even inside a fused TBE (TorchRec's planner adds a similar per-shard overhead).
     shard_overhead_us: float = 5.0
@@ -48,9 +45,9 @@ class CostConstants:
     # Passes over the dense part's activations per training step (every layer's input and output and the
     # interaction's, fp32, per sample), at the device's streaming bandwidth (hardware.device.stream_bandwidth_gbs):
     # the elementwise work a FLOP count misses (activations, their gradients, concatenations, DCN's cross product),
-    # which dominates a wide interaction. Fitted on cpu_local's training steps (bench/calibrate_step.py: 15.4 over
-    # five sweeps of its 12 runs, 0.5-30 MB of activations per step); on a GPU it is small next to the FLOPs.
-    dense_activation_passes: float = 15.0
+    # which dominates a wide interaction. Fitted on cpu_local's training steps (bench/calibrate_step.py --fit over two
+    # sweeps of its 16 runs, 0.5-30 MB of activations per step: 6.75); on a GPU it is small next to the FLOPs.
+    dense_activation_passes: float = 6.75
     # Kernels per step of the pooled-output exchange on every device, forward and backward (neocfg/runtime/dist.py
     # EmbeddingExchange, counted for the all-to-all kind: cast, reshape, the received pieces gathered
     # into the output in one ChunkGather, view forward; the gradient's scale, gather, casts and view backward; about
@@ -86,7 +83,6 @@ class CostConstants:
     def check(self, key: str) -> None:
         for name in ("hbm_efficiency", "pcie_efficiency", "comm_efficiency", "dense_mfu"):
             checks.in_range(f"{key}.{name}", getattr(self, name), 0.0, 1.0, lo_open=True)
-        checks.in_range(f"{key}.dense_allreduce_exposed", self.dense_allreduce_exposed, 0.0, 1.0)
         checks.in_range(f"{key}.hbm_reserve_fraction", self.hbm_reserve_fraction, 0.0, 1.0, hi_open=True)
         checks.in_range(f"{key}.host_reserve_fraction", self.host_reserve_fraction, 0.0, 1.0, hi_open=True)
         checks.positive(f"{key}.bwd_compute_multiplier", self.bwd_compute_multiplier)

@@ -99,22 +99,28 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         extra = dataclasses.replace(cost, rider_bytes=riders).rider_ms(kinds) - cost.rider_ms(kinds)
         perf = [dataclasses.replace(q, bwd_comm=q.bwd_comm + extra) for q in perf]
     data = [generation] * cost.topo.world
-    # The id collectives the strategies issue in the step (the solver priced cfg's ask: auto as in the step).
+    # The id collectives the strategies issue in the step, exposed unless the ids travel behind the compute
+    # (pipelined or prefetched: their bytes and latency leave the step); the solver priced cfg's ask (auto as in the
+    # step).
     ahead = strategies.ids_exchange is IdsExchange.prefetch
-    in_step = id_collectives(strategies.pipeline, ahead, strategies.id_weights)
-    if in_step != cost.id_collectives:
-        extra = (in_step - cost.id_collectives) * cost.collective_latency_ms
+    runs = dataclasses.replace(cost, ids_overlapped=ahead or strategies.pipeline,
+                               id_collectives=id_collectives(strategies.pipeline, ahead, strategies.id_weights))
+    if runs.exposed_id_collectives != cost.exposed_id_collectives:
+        extra = (runs.exposed_id_collectives - cost.exposed_id_collectives) * cost.collective_latency_ms
         perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm + extra) for q in perf]
+    if runs.ids_overlapped != cost.ids_overlapped:
+        ids = [0.0] * cost.topo.world
+        for p, shape in zip(placements, shapes):
+            table = tables[p.option.table_index]
+            ms = runs.ids_ms(table, p.option.sharding, shape) - cost.ids_ms(table, p.option.sharding, shape)
+            for r in p.ranks:
+                ids[r] += ms
+        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm + i) for q, i in zip(perf, ids)]
     if ahead:
         # the prefetch thread exchanges the ids a batch ahead on a group of its own: its collectives overlap the
         # step (none left in it), its routing shares the rank's core (data)
-        ids = [0.0] * cost.topo.world
-        for p, shape in zip(placements, shapes):
-            ms = cost.ids_ms(tables[p.option.table_index], p.option.sharding, shape)
-            for r in p.ranks:
-                ids[r] += ms
         moved = [x + cost.routing_ms_per_step for x in routed]
-        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m - i) for q, m, i in zip(perf, moved, ids)]
+        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m) for q, m in zip(perf, moved)]
         data = [d + m for d, m in zip(data, moved)]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],

@@ -41,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -53,7 +53,7 @@ from neocfg.planner.strategies import dense_grad_sync, id_weights
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
 from neocfg.sharding.collectives import (ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm, Traffic,
-                                         ddp_buckets, encoding_for, id_collectives)
+                                         ddp_bucket_bytes, encoding_for, id_collectives)
 from neocfg.tiers import TIERS
 from neocfg.types import (DataSource, DenseGradSync, DenseOptimizer, DeviceKind, IdDtype, IdsExchange, Interaction,
                           MemoryTier, RoutingEncoding, ShardingType, SparseOptimizer, WeightsDtype)
@@ -100,6 +100,26 @@ def all_reduce_latency_us(cfg: NeocfgConfig) -> float:
     return hw.collective_latency_us if hw.all_reduce_latency_us is None else hw.all_reduce_latency_us
 
 
+def ddp_latency_us(cfg: NeocfgConfig) -> float:
+    """One of DDP's bucket all-reduces' fixed time: the preset's measurement, else one collective's."""
+    hw = cfg.hardware
+    return hw.collective_latency_us if hw.ddp_latency_us is None else hw.ddp_latency_us
+
+
+def ddp_exposed_ms(buckets: Sequence[int], backward_ms: float, alpha_ms: float, ms_per_byte: float) -> float:
+    """DDP's all-reduces not hidden behind the dense backward. Bucket i's gradients are ready once the backward has
+    produced them (the gradient bytes come out evenly over backward_ms, in bucket order); the all-reduces run one
+    after another on their group, each alpha_ms + its bytes x ms_per_byte; what runs past the backward's end is
+    exposed: at least the last bucket's (ready only at the end), more where the earlier ones do not fit under the
+    rest of the backward."""
+    total = sum(buckets)
+    done, ready = 0.0, 0
+    for b in buckets:
+        ready += b
+        done = max(done, backward_ms * ready / total) + alpha_ms + b * ms_per_byte
+    return max(done - backward_ms, 0.0)
+
+
 def routing_us_per_step(cfg: NeocfgConfig) -> float:
     """The id routing's host time per step: the preset's measurement, else its ops' launches."""
     dev = cfg.hardware.device
@@ -143,6 +163,12 @@ def step_id_collectives(cfg: NeocfgConfig) -> int:
     ahead = (tc.ids_exchange is IdsExchange.prefetch and cfg.hardware.device.kind is DeviceKind.cpu
              and cfg.dsi.source is DataSource.synthetic)
     return id_collectives(tc.pipeline and not ahead, ahead, weighted=id_weights(cfg))
+
+
+def step_ids_overlapped(cfg: NeocfgConfig) -> bool:
+    """Whether the ids' payload travels behind the compute as cfg asks for it: pipelined, or exchanged ahead
+    (step_id_collectives' rule)."""
+    return cfg.train.pipeline or step_id_collectives(cfg) == 0
 
 
 def planned_dense_sync(cfg: NeocfgConfig) -> DenseGradSync:
@@ -211,6 +237,9 @@ class CostModel:
     id_bytes: int = 8                    # one id, length or bag code on the wire (the plan's id dtype)
     id_collectives: int = 2              # id collectives in a step (the counts and the payload, or fewer)
     id_weights: bool = False             # per-id weights travel too: a float32 payload the ids' size
+    # The ids' payload travels behind the step's compute (pipelined: sent a step ahead on a group of its own, or
+    # exchanged in the prefetch thread): its bytes are not in the step, only the wait at its end (its latency)
+    ids_overlapped: bool = False
     rider_bytes: int = 0                 # dense gradients riding in the backward all-to-all, per device (world x)
     # The plan's routing encoding where it is known (a placed plan's StepStrategies.routing_encoding); None: before
     # placement, each row range's own rule (encoding_for its table's ranges and ids)
@@ -245,7 +274,14 @@ class CostModel:
             cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
                                if hw.device.cache_bandwidth_gbs else 0.0),
             id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg), id_weights=id_weights(cfg),
+            ids_overlapped=step_ids_overlapped(cfg),
             rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)))
+
+    @property
+    def exposed_id_collectives(self) -> int:
+        """The id collectives whose latency is in the step: none where the ids travel behind the compute (the
+        pipelined payload is waited for a step after it was sent; ids exchanged ahead are the prefetch thread's)."""
+        return 0 if self.ids_overlapped else self.id_collectives
 
     @property
     def capacity(self) -> Storage:
@@ -291,7 +327,7 @@ class CostModel:
         (`embedding_collectives`), but the data-parallel tables' all-reduce at all_reduce_latency_ms."""
         shardings = set(shardings)
         replicated = {s for s in shardings if self.kind_of(s) is OutputKind.replicated}
-        alpha = embedding_collectives(shardings - replicated, self.id_collectives, self.topo.world,
+        alpha = embedding_collectives(shardings - replicated, self.exposed_id_collectives, self.topo.world,
                                       self.topo.devices_per_node) * self.collective_latency_ms
         return alpha + (self.all_reduce_latency_ms if replicated else 0.0) + self.rider_ms(shardings)
 
@@ -412,7 +448,10 @@ class CostModel:
 
     def price(self, pc: PieceComm) -> Perf:
         """One record at the holder's bytes (the larger direction) over its collective's rate, plus the host copies
-        of the embedding exchange (not of a replica's all-reduce, done in place); forward for ids and outputs."""
+        of the embedding exchange (not of a replica's all-reduce, done in place); forward for ids and outputs. The
+        ids' payload costs the step nothing where it travels behind the compute (ids_overlapped)."""
+        if pc.carries is Carries.ids and self.ids_overlapped:
+            return Perf()
         rate = {(CollectiveKind.all_to_all, GroupScope.world): self.a2a_ms_per_byte,
                 (CollectiveKind.all_to_all, GroupScope.cross_node): self.cross_node_ms_per_byte,
                 (CollectiveKind.reduce_scatter, GroupScope.world): self.reduce_scatter_ms_per_byte,
@@ -502,6 +541,19 @@ _DENSE_STATE_WORDS = {DenseOptimizer.sgd: 0, DenseOptimizer.adagrad: 1, DenseOpt
 TRAIN_FLOPS_PER_FWD = 3
 
 
+def ddp_allreduce_ms(cfg: NeocfgConfig, backward_ms: float, latency_us: float | None = None) -> float:
+    """DDP's all-reduce of the dense gradients as exposed after a dense backward of backward_ms (ddp_exposed_ms): the
+    step's list of buckets (neocfg.sharding.collectives.ddp_bucket_bytes), each a ring all-reduce (twice its bytes
+    over the hierarchical reduce-scatter's rate) at ddp_latency_us (or `latency_us`)."""
+    hw, c = cfg.hardware, cfg.planner.costs
+    p, n = hw.devices_per_node, hw.nodes
+    per_byte = ((p - 1) / p / (hw.intra_node_bandwidth_gbs * GB)
+                + (n - 1) / n / p / (hw.inter_node_bandwidth_gbs * GB)) * MS / c.comm_efficiency
+    buckets = ddp_bucket_bytes(dense_flops_and_params(cfg.model)[1] * FP32, c.ddp_bucket_mib)
+    alpha = ddp_latency_us(cfg) if latency_us is None else latency_us
+    return ddp_exposed_ms(buckets, backward_ms, alpha / 1e3, 2 * per_byte)
+
+
 def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCost:
     """The dense part per device and step: FLOPs at peak x MFU, dense_activation_passes over its activations at the
     streaming bandwidth, its kernels' fixed costs, and DDP's all-reduce unless `sync` folds the dense gradients into
@@ -514,24 +566,15 @@ def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCos
     mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
     rate = hw.device.peak_tflops_at(cfg.train.dense_precision) * 1e12 * mfu
     fwd = flops * cfg.train.batch_size / rate * MS
-    p, n = hw.devices_per_node, hw.nodes
-    grad_bytes = params * FP32
-    per_byte = ((p - 1) / p / (hw.intra_node_bandwidth_gbs * GB)
-                + (n - 1) / n / p / (hw.inter_node_bandwidth_gbs * GB)) * MS / c.comm_efficiency
-    buckets = ddp_buckets(grad_bytes, c.ddp_bucket_mib)   # as the step's list counts them (a 1 MiB first bucket)
-    alpha = buckets * hw.collective_latency_us / 1e3
-    allreduce = 0.0
-    if sync is DenseGradSync.ddp:
-        allreduce = (2 * grad_bytes * per_byte + alpha) * c.dense_allreduce_exposed
     stream_gbs = hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs
     passes = (c.dense_activation_passes * dense_activations(cfg.model) * FP32 * cfg.train.batch_size
               / (stream_gbs * GB) * MS)
     kernels = (c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels) \
         * hw.device.kernel_overhead_us / 1e3
     # a third of the kernels run forward (see dense_kernels_per_layer: 2 of 6 per layer)
-    perf = Perf(fwd_compute=fwd + (kernels + passes) / 3,
-                bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + (kernels + passes) * 2 / 3,
-                bwd_comm=allreduce)
+    backward = fwd * (TRAIN_FLOPS_PER_FWD - 1) + (kernels + passes) * 2 / 3
+    allreduce = ddp_allreduce_ms(cfg, backward) if sync is DenseGradSync.ddp else 0.0
+    perf = Perf(fwd_compute=fwd + (kernels + passes) / 3, bwd_compute=backward, bwd_comm=allreduce)
     resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
     if cfg.planner.dense_resident_bytes is not None:
         resident = cfg.planner.dense_resident_bytes

@@ -185,12 +185,20 @@ def encoding_for(ranges: float, ids_per_sample: float) -> RoutingEncoding:
 
 
 # ---- a plan's step, rank by rank ---------------------------------------------------------------------------------
+def ddp_bucket_bytes(grad_bytes: int, bucket_mib: float) -> tuple[int, ...]:
+    """The bytes of each all-reduce DDP issues per step for this many bytes of dense gradients, in the order their
+    gradients are ready: the first bucket up to DDP_FIRST_BUCKET_BYTES, the others up to bucket_mib (parameters
+    taken as divisible)."""
+    if grad_bytes <= 0:
+        return ()
+    first = min(grad_bytes, DDP_FIRST_BUCKET_BYTES)
+    rest, cap = grad_bytes - first, int(bucket_mib * 2**20)
+    return (first,) + tuple(min(cap, rest - i * cap) for i in range(math.ceil(rest / cap) if rest > 0 else 0))
+
+
 def ddp_buckets(grad_bytes: int, bucket_mib: float) -> int:
     """All-reduces DDP issues per step for this many bytes of dense gradients."""
-    if grad_bytes <= 0:
-        return 0
-    rest = grad_bytes - DDP_FIRST_BUCKET_BYTES
-    return 1 + (math.ceil(rest / (bucket_mib * 2**20)) if rest > 0 else 0)
+    return len(ddp_bucket_bytes(grad_bytes, bucket_mib))
 
 
 def plan_traffic(plan: "Plan", strategies: "StepStrategies") -> Traffic:
