@@ -44,9 +44,10 @@ from neocfg.data.dpp.service import DppService  # noqa: E402
 from neocfg.data.dpp.client import EndOfData  # noqa: E402
 
 NAMESPACE = "neocfg-bench-clients"
-# Rows per split (a row group) and the dataset: 64 files x 64 row groups = 4,096 splits; small splits so that
-# thousands of them are read on 2 cores in seconds, and the per-split costs (pull, fetch, master) dominate.
-ROWS_PER_GROUP, FILES, GROUPS_PER_FILE = 64, 64, 64
+# Rows per split (a row group) and the dataset: 64 files of as many row groups as the largest round needs (64 each
+# for 4,096 splits); small splits so that thousands of them are read on 2 cores in seconds, and the per-split costs
+# (pull, fetch, master) dominate.
+ROWS_PER_GROUP, FILES = 64, 64
 BATCH = 32
 # Each client process starts within this many seconds of the others; the round starts after every one is ready.
 START_SLACK_S = 2.0
@@ -110,12 +111,15 @@ def _proc_stat(pid: int) -> tuple[float, int, int]:
     return cpu, int(status["VmRSS"].split()[0]) * 1024, int(status["VmHWM"].split()[0]) * 1024
 
 
-def make_dataset(path: Path):
+def make_dataset(root: Path, splits: int):
+    """A dataset of at least `splits` row groups (kept between runs, one per size)."""
     from bench.common import compose_cfg
     from neocfg.data.parquet_gen import write_dataset
 
-    cfg = compose_cfg(["dsi=parquet_local", f"dsi.path={path}", f"dsi.num_samples={ROWS_PER_GROUP * FILES * GROUPS_PER_FILE}",
-                       f"dsi.num_files={FILES}", f"dsi.row_groups_per_file={GROUPS_PER_FILE}", "dsi.eval_samples=256",
+    groups = -(-splits // FILES)
+    path = root / f"dpp_clients_ds_{FILES * groups}"
+    cfg = compose_cfg(["dsi=parquet_local", f"dsi.path={path}", f"dsi.num_samples={ROWS_PER_GROUP * FILES * groups}",
+                       f"dsi.num_files={FILES}", f"dsi.row_groups_per_file={groups}", "dsi.eval_samples=256",
                        "dsi.unlabeled_fraction=0", "dsi.extra_columns=0", f"train.batch_size={BATCH}"])
     if not (path / "_manifest.json").exists():
         write_dataset(cfg)
@@ -205,7 +209,8 @@ def main() -> None:
                     help="clients:splits:workers per round")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--out", type=Path, default=REPO / "outputs" / "bench" / "bench_dpp_clients.json")
-    ap.add_argument("--record-from", type=Path, help="only write the section from this earlier run's JSON")
+    ap.add_argument("--record-from", type=Path, nargs="+",
+                    help="only write the section from earlier runs' JSON (their rounds in the order given)")
     ap.add_argument("--note", default="", help="a line said under the table (with --record-from)")
     ap.add_argument("--client-proc", nargs=4, metavar=("ADDRESS", "TOKEN", "INBOX", "INDEX"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -214,11 +219,11 @@ def main() -> None:
         client_process(address, token, Path(inbox), int(index))
         return
     if args.record_from:
-        record(json.loads(args.record_from.read_text())["rows"], args.note)
+        record([r for p in args.record_from for r in json.loads(p.read_text())["rows"]], args.note)
         return
     rounds = [tuple(int(x) for x in r.split(":")) for r in args.rounds]
     procs_n = max(c for c, _, _ in rounds)
-    cfg = make_dataset(REPO / "outputs" / "bench" / "dpp_clients_ds")
+    cfg = make_dataset(REPO / "outputs" / "bench", max(n for _, n, _ in rounds))
     setup = base_setup(cfg)
     inbox = REPO / "outputs" / "bench" / f"dpp_clients_{uuid.uuid4().hex[:8]}"
     inbox.mkdir(parents=True)
@@ -259,6 +264,26 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
+def _flatness(rows: list[dict]) -> list[str]:
+    """The master's peak memory against clients (same splits and workers) and against splits (same clients and
+    workers): bytes per added client and per added split, between the smallest and the largest round of each."""
+    out = []
+    for vary, fixed, what in (("clients", ("splits", "workers"), "client"), ("splits", ("clients", "workers"), "split")):
+        groups: dict[tuple, list[dict]] = {}
+        for r in rows:
+            groups.setdefault(tuple(r[k] for k in fixed), []).append(r)
+        for key, g in groups.items():
+            lo, hi = min(g, key=lambda r: r[vary]), max(g, key=lambda r: r[vary])
+            if lo[vary] == hi[vary]:
+                continue
+            per = (hi["master_hwm"] - lo["master_hwm"]) / (hi[vary] - lo[vary])
+            at = ", ".join(f"{k} {v:,}" for k, v in zip(fixed, key))
+            out.append(f"- master peak from {lo[vary]:,} to {hi[vary]:,} {vary} ({at}): {lo['master_hwm'] / 2**20:.0f} "
+                       f"-> {hi['master_hwm'] / 2**20:.0f} MiB, {per:+,.0f} B per {what}; CPU per split "
+                       f"{lo['master_cpu_us_per_split']:,.0f} -> {hi['master_cpu_us_per_split']:,.0f} us")
+    return ["", "Master memory and work as the job grows:", "", *out] if out else []
+
+
 def record(rows: list[dict], note: str = "") -> None:
     from bench.common import record_results
 
@@ -283,6 +308,7 @@ def record(rows: list[dict], note: str = "") -> None:
                   f"{1e6 / worst:,.0f} splits/s on one core; at 65,536 rows per split (a typical row group) that is "
                   f"{1e6 / worst * 65536 / 1e6:,.0f} M samples/s for the job, "
                   f"{1e6 / worst * 65536 / TRAINERS / 1e3:,.0f} k samples/s per trainer over {TRAINERS} trainers."]
+    lines += _flatness(rows)
     if note:
         lines += ["", note]
     record_results("DPP with many clients", "\n".join(lines))

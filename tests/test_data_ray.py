@@ -145,3 +145,23 @@ def test_ranks_fetch_without_waiting_for_each_other_and_checkpoint_a_look_ahead_
 @pytest.fixture
 def dataset_ray(tmp_path):
     return make_dataset(tmp_path / "ds")
+
+
+def test_the_master_keeps_no_rows_of_the_splits_it_served(local_ray, tmp_path):
+    """Three epochs of 120 small splits through the job's master actor: afterwards its in-process memory store holds
+    a few objects, not one split's rows per split served (what it held when it owned its workers' returns)."""
+    cfg = make_dataset(tmp_path / "ds", "dsi.num_samples=7200", "dsi.num_files=4", "dsi.row_groups_per_file=30")
+    setup = setup_for(cfg, workers=2, num_clients=1, max_epochs=3)
+    assert len(setup.splits) == 120
+    opts = RayOptions(namespace="neocfg-test", master_name="job-rows", owner=True,
+                      resources=WorkerResources(cpus=0.5, memory_bytes=2**28))
+    svc = DppService(setup, clients=[0], backend=RayDppService(setup, opts)).start()
+    try:
+        ids = np.concatenate(drain(svc.clients))
+        objects, held = ray.get(svc.backend.master.held_objects.remote())
+        splits = svc.stats().splits_done
+    finally:
+        svc.close()
+    assert splits == 360 and len(ids) == 3 * len(labeled_ids(Path(cfg.dsi.path)))
+    split_bytes = ids.nbytes // splits  # a split's sample ids alone; its rows are many times that
+    assert objects <= 8 and held < split_bytes * 8, f"the master holds {objects} objects, {held:,} bytes"

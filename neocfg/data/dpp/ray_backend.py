@@ -371,6 +371,13 @@ class RayMasterImpl:
     def workers_ready(self) -> int:
         return self.loop.workers_ready()
 
+    def held_objects(self) -> tuple[int, int]:
+        """Objects in this actor's in-process memory store and their bytes: what the master keeps of the splits it
+        served. A few, whatever the number of splits, as the rows belong to their workers (had the master owned
+        them, one split's rows per split served would stay here: DppWorker)."""
+        core = ray._private.worker.global_worker.core_worker
+        return core.get_memory_store_size(), core.get_local_memory_store_bytes_used()
+
     def worker_handles(self, busy_only: bool = False) -> list[Any]:
         pool: RayPool = self.loop.pool  # type: ignore[assignment]
         with self.loop.cond:
