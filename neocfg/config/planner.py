@@ -46,8 +46,8 @@ class CostConstants:
     # interaction's, fp32, per sample), at the device's streaming bandwidth (hardware.device.stream_bandwidth_gbs):
     # the elementwise work a FLOP count misses (activations, their gradients, concatenations, DCN's cross product),
     # which dominates a wide interaction. Fitted on cpu_local's training steps (bench/calibrate_step.py --fit over two
-    # sweeps of its 16 runs, 0.5-30 MB of activations per step: 6.75); on a GPU it is small next to the FLOPs.
-    dense_activation_passes: float = 6.75
+    # sweeps of its 16 runs, 0.5-30 MB of activations per step: 6.83); on a GPU it is small next to the FLOPs.
+    dense_activation_passes: float = 6.83
     # Kernels per step of the pooled-output exchange on every device, forward and backward (neocfg/runtime/dist.py
     # EmbeddingExchange, counted for the all-to-all kind: cast, reshape, the received pieces gathered
     # into the output in one ChunkGather, view forward; the gradient's scale, gather, casts and view backward; about
