@@ -165,3 +165,24 @@ def test_the_master_keeps_no_rows_of_the_splits_it_served(local_ray, tmp_path):
     assert splits == 360 and len(ids) == 3 * len(labeled_ids(Path(cfg.dsi.path)))
     split_bytes = ids.nbytes // splits  # a split's sample ids alone; its rows are many times that
     assert objects <= 8 and held < split_bytes * 8, f"the master holds {objects} objects, {held:,} bytes"
+
+
+def test_scaled_down_workers_fit_on_the_nodes_not_only_in_the_totals():
+    """Two nodes of 2 CPUs and 23.1 GiB each (and a head without CPUs), 4 workers of a 64-CPU, 256-GiB shape: an
+    even share of the cluster's totals (11.55 GiB) would fit one worker per node; every worker must fit where it is
+    placed."""
+    from neocfg.data.dpp.ray_backend import fit_workers
+    from neocfg.data.dpp.sizing import PlannedDpp
+
+    gib = 2**30
+    big = PlannedDpp(hosts=1, shape="1 x cpu_host_64c", cores_per_host=64.0, memory_gib_per_host=256.0)
+
+    def placed(res, nodes):
+        return sum(min(int(n.get("CPU", 0) // res.cpus), int(n["memory"] // res.memory_bytes)) for n in nodes)
+
+    for nodes in ([{"CPU": 2.0, "memory": 23.1 * gib}, {"CPU": 2.0, "memory": 23.1 * gib}, {"memory": 8.0 * gib}],
+                  [{"CPU": 1.0, "memory": 4.0 * gib}, {"CPU": 3.0, "memory": 30.0 * gib}]):
+        res, warning = fit_workers(big, 4, nodes)
+        assert placed(res, nodes) >= 4, (res, nodes)
+        assert warning.startswith("warning: DPP worker shape cpu_host_64c asks 64 CPUs and 256 GiB per worker")
+    assert fit_workers(None, 2, [{"CPU": 8.0, "memory": 64.0 * gib}]) == (WorkerResources(1.0, gib), "")

@@ -163,22 +163,35 @@ def leave_ray() -> None:
         _saved_auth = None
 
 
-def fit_workers(sizing: Optional[PlannedDpp], workers: int, cluster: dict[str, float]
+def fit_workers(sizing: Optional[PlannedDpp], workers: int, nodes: list[dict[str, float]]
                 ) -> tuple[WorkerResources, str]:
-    """The planned shape's CPUs and memory per worker, scaled down (with a warning) to what the cluster has."""
+    """The planned shape's CPUs and memory per worker, scaled down (with a warning) so that every worker can be
+    placed on the cluster's nodes (`nodes`: each alive node's resources), not only within its totals: the workers
+    are spread over the nodes with CPUs in proportion to them, and each gets what its node has per worker there."""
     want_cpus = sizing.cores_per_host if sizing else 1.0
     want_mem = (sizing.memory_gib_per_host if sizing else 1.0) * 2**30
-    have_cpus, have_mem = cluster.get("CPU", 1.0), cluster.get("memory", want_mem * workers)
-    cpus = min(want_cpus, have_cpus / workers)
-    mem = min(want_mem, have_mem / workers)
-    if cpus >= want_cpus and mem >= want_mem:
+    hosts = [n for n in nodes if n.get("CPU", 0.0) > 0] or [{"CPU": 1.0}]
+    cpu = [n["CPU"] for n in hosts]
+    mem = [n.get("memory", want_mem * workers) for n in hosts]
+    if sum(min(math.floor(c / want_cpus), math.floor(m / want_mem)) for c, m in zip(cpu, mem)) >= workers:
         return WorkerResources(cpus=want_cpus, memory_bytes=int(want_mem)), ""
-    cpus = max(math.floor(cpus * 100) / 100, 0.01)
+    per_node = [0] * len(hosts)
+    for _ in range(workers):  # the next worker goes where the most CPU per worker would be left
+        i = max(range(len(hosts)), key=lambda j: cpu[j] / (per_node[j] + 1))
+        per_node[i] += 1
+    used = [i for i, k in enumerate(per_node) if k]
+    cpus = max(math.floor(min(want_cpus, *(cpu[i] / per_node[i] for i in used)) * 100) / 100, 0.01)
+    memory = min(want_mem, *(mem[i] / per_node[i] for i in used)) // 2**20 * 2**20
     what = sizing.shape.split(" x ")[-1] if sizing else "the default worker"
-    return WorkerResources(cpus=cpus, memory_bytes=int(mem)), (
+    return WorkerResources(cpus=cpus, memory_bytes=int(memory)), (
         f"warning: DPP worker shape {what} asks {want_cpus:g} CPUs and {want_mem / 2**30:g} GiB per worker; the Ray "
-        f"cluster has {have_cpus:g} CPUs and {have_mem / 2**30:.1f} GiB for {workers} workers: each gets {cpus:g} "
-        f"CPUs and {mem / 2**30:.1f} GiB")
+        f"cluster has {sum(cpu):g} CPUs and {sum(mem) / 2**30:.1f} GiB on {len(hosts)} node(s) with CPUs for "
+        f"{workers} workers: each gets {cpus:g} CPUs and {memory / 2**30:.1f} GiB")
+
+
+def alive_nodes() -> list[dict[str, float]]:
+    """The resources of each alive node of the cluster this process joined."""
+    return [dict(n.get("Resources", {})) for n in ray.nodes() if n.get("Alive")]
 
 
 def connect(dsi: DsiConfig, rank: int, share: Callable[[Any], Any], sizing: Optional[PlannedDpp],
@@ -198,7 +211,7 @@ def connect(dsi: DsiConfig, rank: int, share: Callable[[Any], Any], sizing: Opti
             nodes = sum(1 for n in ray.nodes() if n.get("Alive"))
             said = (f"DPP: joined the Ray cluster at {dsi.ray.address} (dsi.ray.address; "
                     f"{nodes} node(s), {ray.cluster_resources().get('CPU', 0):g} CPUs)")
-        resources, warning = fit_workers(sizing, workers, ray.cluster_resources())
+        resources, warning = fit_workers(sizing, workers, alive_nodes())
         said = "\n".join(x for x in (said, warning) if x)
         info = (ray.get_runtime_context().gcs_address, token, f"neocfg-dpp-{uuid.uuid4().hex[:12]}", resources)
     address, token, name, resources = share(info)
