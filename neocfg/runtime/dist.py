@@ -217,11 +217,7 @@ class EmbeddingExchange(torch.autograd.Function):
                 out = xp.a2a_to_out(recv).view(b, xp.total_dim)    # zeros in the other kinds' columns
             else:
                 out = a2a_part.new_zeros((b, xp.total_dim))
-            if xp.rs_target.numel():
-                summed = comm.reduce_scatter(rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)).to(out.dtype)
-                out.index_add_(1, xp.rs_target, summed.view(b, -1))
-            if xp.hier_target.numel():
-                out.index_add_(1, xp.hier_target, _hier_forward(xp, hier_part.to(xp.fwd_dtype)).to(out.dtype))
+            _add_other_kinds(xp, out, rs_part, hier_part)
         return out
 
     @staticmethod
@@ -246,14 +242,117 @@ class EmbeddingExchange(torch.autograd.Function):
                     recv = recv.view(comm.world, b * me + k)
                     ctx.rider.average(recv[:, b * me:].contiguous().view(torch.float32))
                     grads[2] = recv[:, :b * me].to(g.dtype).reshape(comm.world, b, me)
-            if xp.rs_target.numel():
-                piece = g.index_select(1, xp.rs_target).to(xp.bwd_dtype)
-                grads[3] = comm.all_gather(piece).to(g.dtype)
-            if xp.hier_target.numel():
-                piece = g.index_select(1, xp.hier_target).to(xp.bwd_dtype)
-                hier = _hier_backward(xp, piece)
-                grads[4] = hier.to(g.dtype) if hier is not None else None
+            grads[3], grads[4] = _other_kinds_grads(xp, g)
         return tuple(grads)
+
+
+class PendingPooled:
+    """Pooled outputs whose all-to-all is still in flight (ShardedEmbeddings.forward(..., pending=True)), so that
+    the caller computes what does not need them meanwhile (the bottom MLP: DenseArch.forward waits only at the
+    interaction); wait() finishes the exchange and returns them. The backward mirrors it: ExchangeFinish.backward
+    sends the gradients' all-to-all, the bottom MLP's backward runs while it travels (autograd runs the node made
+    last first), ExchangeStart.backward waits for it. wait_marks: when wait() began and ended (its lap is
+    comm_fwd; the caller takes it out of a span that contains it). Not a dataclass: DDP passes it through as is."""
+
+    def __init__(self, xp: ExchangePlan, recv: torch.Tensor, rs_part: torch.Tensor, hier_part: torch.Tensor,
+                 then=None) -> None:
+        self.xp, self.recv, self.rs_part, self.hier_part, self.then = xp, recv, rs_part, hier_part, then
+        self.work = self.send = None              # the forward all-to-all in flight (ExchangeStart)
+        self.bwd_work = self.bwd_recv = None      # the backward's (ExchangeFinish.backward)
+        self.wait_marks = None
+        self.done: Optional[torch.Tensor] = None
+
+    def wait(self) -> torch.Tensor:
+        if self.done is None:
+            sw = self.xp.stopwatch
+            t0 = sw.now()
+            out = ExchangeFinish.apply(self.xp, self, self.recv, self.rs_part, self.hier_part)
+            self.recv = self.rs_part = self.hier_part = None
+            t1 = sw.now()
+            sw.span("comm_fwd", t0, t1)
+            self.wait_marks = (t0, t1)
+            self.done = self.then(out) if self.then is not None else out
+        return self.done
+
+
+class ExchangeStart(torch.autograd.Function):
+    """a2a_part [W,B,A] -> the receive buffer of its all-to-all, sent without waiting (PendingPooled). Backward:
+    waits for the gradients' all-to-all that ExchangeFinish.backward sent."""
+
+    @staticmethod
+    def forward(ctx, xp: ExchangePlan, pending: PendingPooled, a2a_part: torch.Tensor) -> torch.Tensor:
+        ctx.xp, ctx.pending, ctx.dtype = xp, pending, a2a_part.dtype
+        comm, b = xp.comm, xp.batch_size
+        with xp.stopwatch("comm_fwd"):
+            pending.send = a2a_part.to(xp.fwd_dtype).reshape(-1).contiguous()
+            out_splits = [b * w for w in xp.a2a_widths]
+            recv = pending.send.new_empty(sum(out_splits))
+            pending.work = dist.all_to_all_single(recv, pending.send, out_splits,
+                                                  [b * xp.a2a_widths[comm.rank]] * comm.world, group=comm.group,
+                                                  async_op=True)
+        return recv
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        xp, pending = ctx.xp, ctx.pending
+        comm, b = xp.comm, xp.batch_size
+        with xp.stopwatch("comm_bwd"):
+            pending.bwd_work.wait()
+            recv, pending.bwd_work, pending.bwd_recv = pending.bwd_recv, None, None
+        return None, None, recv.to(ctx.dtype).view(comm.world, b, xp.a2a_widths[comm.rank])
+
+
+class ExchangeFinish(torch.autograd.Function):
+    """(the receive buffer of ExchangeStart's all-to-all, rs_part, hier_part) -> pooled [B, sum dims], waiting for
+    the all-to-all first; the reduce-scatter and two-level parts as in EmbeddingExchange. Backward: the gradients'
+    all-to-all sent without waiting (ExchangeStart.backward waits), then the other kinds' collectives."""
+
+    @staticmethod
+    def forward(ctx, xp: ExchangePlan, pending: PendingPooled, recv: torch.Tensor, rs_part: torch.Tensor,
+                hier_part: torch.Tensor) -> torch.Tensor:
+        ctx.xp, ctx.pending = xp, pending
+        comm, b = xp.comm, xp.batch_size
+        pending.work.wait()
+        pending.work = pending.send = None
+        out = xp.a2a_to_out(recv.to(rs_part.dtype)).view(b, xp.total_dim)
+        _add_other_kinds(xp, out, rs_part, hier_part)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        xp, pending = ctx.xp, ctx.pending
+        comm, b = xp.comm, xp.batch_size
+        g = grad_out * xp.grad_scale
+        with xp.stopwatch("comm_bwd"):
+            send = xp.out_to_a2a(g).to(xp.bwd_dtype)    # the gradient of the receive buffer, in wire dtype
+            me = xp.a2a_widths[comm.rank]
+            pending.bwd_recv = send.new_empty(b * me * comm.world)
+            pending.bwd_work = dist.all_to_all_single(pending.bwd_recv, send, [b * me] * comm.world,
+                                                      [b * w for w in xp.a2a_widths], group=comm.group, async_op=True)
+            rs, hier = _other_kinds_grads(xp, g)
+        return None, None, send, rs, hier
+
+
+def _add_other_kinds(xp: ExchangePlan, out: torch.Tensor, rs_part: torch.Tensor, hier_part: torch.Tensor) -> None:
+    """out += the reduce-scatter and two-level parts' pooled outputs (their collectives)."""
+    comm, b = xp.comm, xp.batch_size
+    if xp.rs_target.numel():
+        summed = comm.reduce_scatter(rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)).to(out.dtype)
+        out.index_add_(1, xp.rs_target, summed.view(b, -1))
+    if xp.hier_target.numel():
+        out.index_add_(1, xp.hier_target, _hier_forward(xp, hier_part.to(xp.fwd_dtype)).to(out.dtype))
+
+
+def _other_kinds_grads(xp: ExchangePlan, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """The reduce-scatter and two-level parts' gradients from the scaled output gradient g (their collectives)."""
+    comm = xp.comm
+    rs = hier = None
+    if xp.rs_target.numel():
+        rs = comm.all_gather(g.index_select(1, xp.rs_target).to(xp.bwd_dtype)).to(g.dtype)
+    if xp.hier_target.numel():
+        got = _hier_backward(xp, g.index_select(1, xp.hier_target).to(xp.bwd_dtype))
+        hier = got.to(g.dtype) if got is not None else None
+    return rs, hier
 
 
 def _piece_gather(b: int, widths: list[int]) -> torch.Tensor:

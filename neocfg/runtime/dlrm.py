@@ -104,8 +104,12 @@ class _PairDots(torch.autograd.Function):
     def backward(ctx, g: torch.Tensor):
         x, pairs = ctx.saved_tensors
         b, n, _ = x.shape
-        full = g.new_zeros(b, n * n).index_add_(1, pairs, g).view(b, n, n)
-        return torch.bmm(full + full.transpose(1, 2), x), None
+        # G + G^T written at once: each pair's gradient at (i, j) and at (j, i) (the pairs are strictly below the
+        # diagonal, so no place gets two); no transposed add
+        mirrored = (pairs % n) * n + pairs // n
+        full = g.new_zeros(b, n * n)
+        full.index_copy_(1, pairs, g).index_copy_(1, mirrored, g)
+        return torch.bmm(full.view(b, n, n), x), None
 
 
 class DotInteraction(nn.Module):
@@ -195,8 +199,13 @@ class DenseArch(nn.Module):
                                             model.dcn_low_rank_dim)
         self.top = mlp([self.interaction.out_dim, *model.top_mlp], last_activation=False, onednn=onednn)
 
-    def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        return self.top(self.interaction(self.bottom(dense), pooled)).squeeze(1)
+    def forward(self, dense: torch.Tensor, pooled) -> torch.Tensor:
+        """pooled: a tensor, or something to wait() for (neocfg.runtime.dist.PendingPooled: the embeddings'
+        all-to-all in flight), waited for after the bottom MLP, which does not need it."""
+        bottom = self.bottom(dense)
+        if not isinstance(pooled, torch.Tensor):
+            pooled = pooled.wait()
+        return self.top(self.interaction(bottom, pooled)).squeeze(1)
 
 
 def build_dense(model: ModelConfig, seed: int, device: torch.device, onednn: bool = True) -> DenseArch:

@@ -4,7 +4,7 @@ optimizer fused into its backward, fed by the id exchange and returning through 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
 from neocfg.batch import Batch
 from neocfg.config.train import TrainConfig
 from neocfg.errors import DataError
-from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, Stopwatch
+from neocfg.runtime.dist import Comm, EmbeddingExchange, ExchangePlan, ExchangeStart, PendingPooled, Stopwatch
 from neocfg.runtime.layout import GroupKey, Layout, LocalShard, OutputKind
 from neocfg.runtime.init_weights import INIT_BLOCK_ROWS, init_rows  # noqa: F401  (re-exported)
 from neocfg.runtime.replicated import ReplicatedEmbeddings
@@ -128,10 +128,12 @@ class ShardedEmbeddings(nn.Module):
         """Some pooled outputs come back by all-to-all (dense gradients can ride in its backward)."""
         return self.xp.out_to_a2a is not None
 
-    def forward(self, batch: Batch, lookups: Optional[LocalLookups] = None, rider=None) -> torch.Tensor:
+    def forward(self, batch: Batch, lookups: Optional[LocalLookups] = None, rider=None,
+                pending: bool = False) -> Union[torch.Tensor, PendingPooled]:
         """Pooled embeddings of the batch; `lookups`: its ids already received (the pipelined step), else those
         prepare() received, else they are exchanged here; `rider`: dense gradients to average in the backward
-        all-to-all (EmbeddingExchange)."""
+        all-to-all (EmbeddingExchange); `pending`: return them as a PendingPooled whose all-to-all is in flight
+        (where there is one and no rider), for the caller to wait() when it needs them."""
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
         if lookups is None:
             lookups = self.exchanged_ahead(batch)
@@ -150,11 +152,19 @@ class ShardedEmbeddings(nn.Module):
                 pooled = BackwardMark.apply(sw.note_grad_arrival, pooled)
             parts = [pooled.view(w, b, -1) if whole else pooled.index_select(1, cols).view(w, b, -1)
                      for cols, whole in zip(self.source_cols, self.whole_part)]
-        out = EmbeddingExchange.apply(self.xp, rider, *parts)
-        if self.dp_target.numel():
+        add_local = None
+        if self.dp_target.numel():   # the data-parallel replicas' output, added to the exchanged one
             with sw("emb_fwd"):
-                out = out.index_add(1, self.dp_target, self.replicated(batch))
-        return out
+                local = self.replicated(batch)
+
+            def add_local(out: torch.Tensor) -> torch.Tensor:
+                return out.index_add(1, self.dp_target, local)
+        if pending and rider is None and self.has_all_to_all:
+            box = PendingPooled(self.xp, None, parts[1], parts[2], then=add_local)
+            box.recv = ExchangeStart.apply(self.xp, box, parts[0])
+            return box
+        out = EmbeddingExchange.apply(self.xp, rider, *parts)
+        return add_local(out) if add_local is not None else out
 
     # ------------------------------------------------------------ state (checkpoints, tests)
 

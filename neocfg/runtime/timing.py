@@ -141,6 +141,10 @@ class Stopwatch:
         else:
             self._times.add(name, (end - start) * 1e3)
 
+    def exclude(self, name: str, start: Mark, end: Mark) -> None:
+        """name -= end - start (a lap of another category inside a span of `name`)."""
+        self.span(name, end, start)
+
     def span_step(self, start: Mark, end: Mark) -> None:
         """The whole step: `total` its wall time, `prefetch` the watched helper's CPU time in it (CPU ranks; the
         other laps are net of it, so they add up to the total)."""

@@ -31,7 +31,7 @@ from neocfg.errors import ConfigError, DivergedError
 from neocfg.plan import Plan
 from neocfg.run_metrics import DppCounters, RunMetrics, TermMs
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
-from neocfg.runtime.dist import Comm, Purpose, purpose_group
+from neocfg.runtime.dist import Comm, PendingPooled, Purpose, purpose_group
 from neocfg.runtime.dlrm import (DDP_OPTIONS, DenseGrads, build_dense, dense_autocast, make_dense_optimizer,
                                  set_matmul_precision)
 from neocfg.runtime.embedding import ShardedEmbeddings
@@ -239,7 +239,8 @@ class Trainer:
         else:
             batch, lookups = self._fetch(route=False)[0], None
         folded = self.dense_grads is not None
-        pooled = self.emb(batch, lookups, self.dense_grads)
+        # (not folded: the pooled outputs' all-to-all travels while the bottom MLP runs; DenseArch waits for it)
+        pooled = self.emb(batch, lookups, self.dense_grads, pending=not folded)
         t_dense = sw.now()
         # folded: the dense backward first, on its own, so that the dense gradients are complete when the
         # embeddings' backward all-to-all carries them
@@ -266,6 +267,8 @@ class Trainer:
         # (folded: the dense gradients' averaging is in comm_bwd; the replicas' backward runs inside it too, before
         # the exchange's).
         sw.span("dense", t_dense, t_end)
+        if isinstance(pooled, PendingPooled):   # its wait (comm_fwd) ran inside the dense span
+            sw.exclude("dense", *pooled.wait_marks)
         sw.subtract("dense", "comm_bwd", "emb_bwd", "dp_update", "comm_dp")
         sw.span_step(t0, t_end)
         return loss.detach(), sw.times
