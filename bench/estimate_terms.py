@@ -234,7 +234,10 @@ def summary(results: list[dict]) -> str:
 def markdown(results: list[dict]) -> str:
     lines = ["Each term's worst run per kind and sharding: predicted / measured, the run farthest from 1 among those "
              "where the term is at least the floor of the step (small: under it in every run; MISS: outside the "
-             "tolerance):", "", summary(results), "", "Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
+             "tolerance):", "", summary(results), "",
+             f"Each run's heading gives the share of the machine's cores other processes took while it ran (a run over "
+             f"{100 * DISTURBED_SHARE:.0f} % is repeated, up to --retries times, and says so).", "",
+             "Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
              "ratio, the measured share of the step, and the verdict (ok: within the tolerance; small: under the "
              "floor in both):", ""]
     for r in results:
