@@ -3,6 +3,7 @@ memory, keeps the shard geometry contract and reports a lower bound <= its objec
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -234,3 +235,32 @@ def test_a_spent_time_limit_keeps_the_warm_start_and_runs_no_model(monkeypatch):
         assert s.placement_source is PlacementSource.warm_start
         assert s.lower_bound_ms == lower_bound(cost.topo, options, FixedCosts.of(cost))
         assert s.seconds >= cfg.planner.time_limit_s
+
+
+def test_exact_model_runs_in_slices_until_its_search_stalls(monkeypatch):
+    # The flat model runs in slices of EXACT_SLICE_SHARE of the time limit, each from the best plan so far: a slice
+    # that finds a better plan and was still improving late earns another; one that finds none ("stalled" once it
+    # found no better plan, or its best early) ends the exact model before the time limit.
+    from neocfg.planner import ilp
+
+    cfg = round_cfg(TINY_INSTANCES[0], "planner.time_limit_s=100")
+    cost = CostModel.from_config(cfg)
+    options = all_options(cfg, cost)
+    p = IlpProblem(cost.topo, cost.capacity, options, tuple(t.name for t in cfg.model.tables), 100, 0.0, 0.0)
+    warm = list(greedy_place(cost.topo, cost.capacity, options, p.names))
+    worse = [dataclasses.replace(pl, option=max(opts, key=lambda o: o.perf.total)) for pl, opts in zip(warm, options)]
+    script = {"improving": [(warm, "feasible"), (warm, "feasible")], "stalled": [(warm, "stalled"), (warm, "feasible")]}
+    for case, outcomes in script.items():
+        slices = []
+
+        def fake_flat(exact, start):
+            slices.append(exact.deadline - time.perf_counter())
+            placed, status = outcomes[len(slices) - 1]
+            return placed, 0.0, status
+
+        monkeypatch.setattr(ilp, "solve_flat", fake_flat)
+        found, _, status = ilp.solve_exact(p, worse, 0.0, time.perf_counter() + 100)
+        assert all(s <= ilp.EXACT_SLICE_SHARE * 100 + 1e-6 for s in slices), slices
+        # improving: the first slice beats the start, the second finds nothing better than its own start -> stalled
+        assert len(slices) == (2 if case == "improving" else 1), (case, slices)
+        assert status == "stalled" and found and found[0] is warm

@@ -26,6 +26,8 @@ class MipOutcome:
     objective: Optional[float]
     bound: Optional[float]    # proven lower bound on the objective (minimization)
     seconds: float
+    # Seconds into the solve when the best solution was first found (None: not known, as from HiGHS).
+    found_s: Optional[float] = None
 
 
 def var(prob: pulp.LpProblem, name: str, cat: str = "Continuous", low: Optional[float] = None) -> pulp.LpVariable:
@@ -45,8 +47,11 @@ def row(prob: pulp.LpProblem, terms: Iterable[tuple[pulp.LpVariable, float]], se
     return constraint
 
 
-def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False) -> MipOutcome:
-    """relax: solve the LP relaxation (integrality dropped): its optimum is a proven bound on the MIP's."""
+def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False,
+          preprocess: bool = True) -> MipOutcome:
+    """relax: solve the LP relaxation (integrality dropped): its optimum is a proven bound on the MIP's.
+    preprocess: CBC's preprocessing of the MIP (off: the model as it is, which keeps a warm start that preprocessing
+    would drop)."""
     fd, log = tempfile.mkstemp(prefix="neocfg-cbc-", suffix=".log")
     os.close(fd)
     t0 = time.perf_counter()
@@ -54,7 +59,8 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, rel
         with warnings.catch_warnings():  # PuLP 3.x announces PULP_CBC_CMD's move; the bundled CBC is what we want
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(round(time_limit_s))), gapRel=gap,
-                                       warmStart=warm and not relax, logPath=log, threads=1, mip=not relax)
+                                       warmStart=warm and not relax, logPath=log, threads=1, mip=not relax,
+                                       options=[] if preprocess else ["preprocess off"])
         try:
             prob.solve(solver)
         except pulp.PulpSolverError:
@@ -79,11 +85,23 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, rel
     bound = _bound(text)
     if bound is None and optimal:
         bound = objective * (1 - gap) if "tolerance" in text else objective
-    return MipOutcome("optimal" if optimal else "feasible", objective, slack(bound), seconds)
+    return MipOutcome("optimal" if optimal else "feasible", objective, slack(bound), seconds, _found_s(text))
+
+
+def _found_s(text: str) -> Optional[float]:
+    """When CBC's log first reports its best solution ("Integer solution of <objective> ... (<t> seconds)")."""
+    found = [(float(obj), float(t)) for obj, t in _SOLUTION.findall(text)]
+    if not found:
+        return None
+    best = min(obj for obj, _ in found)
+    return min(t for obj, t in found if obj <= best)
 
 
 def slack(bound: Optional[float]) -> Optional[float]:
     return None if bound is None else bound - SOLVER_BOUND_SLACK * abs(bound)
+
+
+_SOLUTION = re.compile(r"^Cbc00(?:04|12)I Integer solution of (\S+) .*\(([0-9.]+) seconds\)", re.MULTILINE)
 
 
 def _bound(text: str) -> Optional[float]:
