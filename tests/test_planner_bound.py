@@ -188,7 +188,7 @@ def test_three_tables_through_the_cli(cli, tmp_path):
               "{name:c,num_embeddings:1000,embedding_dim:16,pooling_factor:1}]")
     common = ["mode=plan", "hardware=zionex_1node", "hardware.devices_per_node=2", tables,
               "hardware.device.kernel_overhead_us=100", "planner.sharding_types=[table_wise]",
-              "planner.memory_tiers=[hbm]", "train.batch_size=20000", "planner.mip_gap=0"]
+              "planner.memory_tiers=[hbm]", "train.batch_size=20000"]
     solver = {}
     for dtypes in ("[fp32,fp16]", "[fp32]"):
         out = tmp_path / dtypes.strip("[]").replace(",", "_")

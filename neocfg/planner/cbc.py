@@ -47,11 +47,8 @@ def row(prob: pulp.LpProblem, terms: Iterable[tuple[pulp.LpVariable, float]], se
     return constraint
 
 
-def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False,
-          preprocess: bool = True) -> MipOutcome:
-    """relax: solve the LP relaxation (integrality dropped): its optimum is a proven bound on the MIP's.
-    preprocess: CBC's preprocessing of the MIP (off: the model as it is, which keeps a warm start that preprocessing
-    would drop)."""
+def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, relax: bool = False) -> MipOutcome:
+    """relax: solve the LP relaxation (integrality dropped): its optimum is a proven bound on the MIP's."""
     fd, log = tempfile.mkstemp(prefix="neocfg-cbc-", suffix=".log")
     os.close(fd)
     t0 = time.perf_counter()
@@ -59,8 +56,7 @@ def solve(prob: pulp.LpProblem, time_limit_s: float, gap: float, warm: bool, rel
         with warnings.catch_warnings():  # PuLP 3.x announces PULP_CBC_CMD's move; the bundled CBC is what we want
             warnings.simplefilter("ignore", DeprecationWarning)
             solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(1, int(round(time_limit_s))), gapRel=gap,
-                                       warmStart=warm and not relax, logPath=log, threads=1, mip=not relax,
-                                       options=[] if preprocess else ["preprocess off"])
+                                       warmStart=warm and not relax, logPath=log, threads=1, mip=not relax)
         try:
             prob.solve(solver)
         except pulp.PulpSolverError:

@@ -63,8 +63,8 @@ AGGREGATE_GAP_SHARE = 0.1
 # Share of planner.time_limit_s the aggregated MIP may take before the exact model on small instances.
 AGGREGATE_SHARE = 0.25
 # The exact model runs in slices of this share of planner.time_limit_s; a slice that finds no better plan than the one
-# it was started from ends it. dcnv2_mlperf x 8 under the drop-in's TorchRec estimator (gap 1e-4): the first slice
-# finds the optimum in 1.4 s and CBC spends 15 s more proving it; x 16: in 45 s no plan as good as switching options
+# it was started from ends it. dcnv2_mlperf x 8 and x 16 under the drop-in's TorchRec estimator (gap 1e-4) and neocfg's
+# own x 16 without column slices ran the whole 45 s limit in one run, and found no plan as good as switching options
 # on the aggregate's choice gives in 2 s.
 EXACT_SLICE_SHARE = 0.1
 # switch_options keeps a change of option only when it lowers the makespan by at least this share (float noise, and

@@ -15,7 +15,7 @@ LP relaxation bound every plan from below (at full capacity)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Sequence
+from typing import Sequence
 
 import pulp
 
@@ -50,7 +50,6 @@ class AggregateModel:
     levels: list[tuple[int, pulp.LpVariable]] = field(default_factory=list)
     # the memory rows and their right-hand sides at full capacity: set_headroom scales them
     memory_rows: list[tuple[pulp.LpConstraint, float]] = field(default_factory=list)
-    preprocess_warm: ClassVar[bool] = True   # CBC keeps its warm start through preprocessing
 
     def __post_init__(self) -> None:
         prob, p, cap, w = self.prob, self.p, self.capacity, self.p.topo.world

@@ -8,7 +8,7 @@ sorted by their pieces' time within a node and symmetric nodes by their first de
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Optional, Sequence
+from typing import Optional, Sequence
 
 import pulp
 
@@ -21,8 +21,7 @@ from neocfg.planner.types import Placement, ShardingOption, Spread, Storage, Top
 
 Key = tuple[int, int]   # (table, option index)
 # A run stopped on its time limit has stalled when it found its best plan within this share of the run: the rest went
-# to proving (dcnv2_mlperf x 8 under the drop-in's TorchRec estimator, gap 1e-4: the optimum at 1.4 s, then 15 s of
-# proof), so a next run from that plan is unlikely to find a better one.
+# to proving, so a next run from that plan is unlikely to find a better one.
 STALL_SHARE = 0.5
 
 
@@ -37,10 +36,6 @@ class FlatModel:
     # per device: (table, lookup group) -> the variables putting a piece of that table and group on the device
     group_terms: list[dict[tuple[int, GroupKey], list[pulp.LpVariable]]] = field(default_factory=list)
     groups: list[dict[GroupKey, pulp.LpVariable]] = field(default_factory=list)
-    # CBC 2.10's preprocessing drops this model's warm start ("mipstart values could not be used to build a
-    # solution"): dcnv2_mlperf x 8 under the drop-in's TorchRec estimator found no plan as good as the warm start in
-    # 45 s with it; without it CBC keeps the warm start, improves on it in 1.4 s and proves the optimum in 16 s.
-    preprocess_warm: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.T = cbc.var(self.prob, "T", low=0)

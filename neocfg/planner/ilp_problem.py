@@ -144,8 +144,6 @@ class SharedFixed:
 
 class IlpModel(Protocol):
     prob: pulp.LpProblem
-    # Whether CBC preprocesses the model when it is warm-started (off where preprocessing drops the warm start).
-    preprocess_warm: bool
 
     def set_objective(self, weight: float) -> None: ...
 
@@ -166,5 +164,4 @@ def run_model(p: IlpProblem, model: IlpModel, warm: Optional[Sequence[Placement]
         from neocfg.planner import highs
 
         return highs.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm), relax=relax), weight
-    return cbc.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm), relax=relax,
-                     preprocess=model.preprocess_warm or not warm or relax), weight
+    return cbc.solve(model.prob, p.seconds_left(), p.gap, warm=bool(warm), relax=relax), weight
