@@ -84,6 +84,11 @@ class Trainer:
         if plan.world_size != self.world:
             raise ConfigError("planner.plan_file", plan.world_size,
                               f"the plan is for world size {plan.world_size}, this job has {self.world} ranks")
+        # before any collective (a process group is one): every rank refuses, none waits on a peer that left
+        if plan.strategies is None:
+            raise ConfigError("planner.plan_file", None, "the plan has no strategies section (how its step runs); "
+                              "plan it again with mode=plan, or resolve it with neocfg.planner.strategies."
+                              "with_strategies")
         # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
         # default group; sharing it could interleave them differently on different ranks).
         timeout = datetime.timedelta(seconds=cfg.train.collective_timeout_s)
@@ -91,10 +96,6 @@ class Trainer:
         self.comm = Comm(group=group, rank=self.rank, world=self.world, timeout=timeout)
         self.sw = Stopwatch(device, profile=cfg.train.profile)
         tc = cfg.train
-        if plan.strategies is None:
-            raise ConfigError("planner.plan_file", None, "the plan has no strategies section (how its step runs); "
-                              "plan it again with mode=plan, or resolve it with neocfg.planner.strategies."
-                              "with_strategies")
         self.strategies = st = plan.strategies
         self.layout = build_layout(plan, cfg.model, self.rank)
         # data-parallel replicas all-reduce their gradient on a group of their own too
