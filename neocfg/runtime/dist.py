@@ -13,7 +13,7 @@ import dataclasses
 import datetime
 import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,13 @@ class Comm:
         out = send.new_empty(sum(out_splits))
         dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=self.group)
         return out
+
+    def all_to_all_async(self, send: torch.Tensor, out_splits: list[int],
+                         in_splits: list[int]) -> tuple[torch.Tensor, Any]:
+        """The all-to-all sent without waiting: its receive buffer and the work to wait on before reading it."""
+        out = send.new_empty(sum(out_splits))
+        work = dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=self.group, async_op=True)
+        return out, work
 
     def reduce_scatter(self, send: torch.Tensor) -> torch.Tensor:
         """send: [world, n] -> the sum over ranks of send[rank]."""
@@ -285,11 +292,8 @@ class ExchangeStart(torch.autograd.Function):
         comm, b = xp.comm, xp.batch_size
         with xp.stopwatch("comm_fwd"):
             pending.send = a2a_part.to(xp.fwd_dtype).reshape(-1).contiguous()
-            out_splits = [b * w for w in xp.a2a_widths]
-            recv = pending.send.new_empty(sum(out_splits))
-            pending.work = dist.all_to_all_single(recv, pending.send, out_splits,
-                                                  [b * xp.a2a_widths[comm.rank]] * comm.world, group=comm.group,
-                                                  async_op=True)
+            recv, pending.work = comm.all_to_all_async(pending.send, [b * w for w in xp.a2a_widths],
+                                                       [b * xp.a2a_widths[comm.rank]] * comm.world)
         return recv
 
     @staticmethod
@@ -326,9 +330,8 @@ class ExchangeFinish(torch.autograd.Function):
         with xp.stopwatch("comm_bwd"):
             send = xp.out_to_a2a(g).to(xp.bwd_dtype)    # the gradient of the receive buffer, in wire dtype
             me = xp.a2a_widths[comm.rank]
-            pending.bwd_recv = send.new_empty(b * me * comm.world)
-            pending.bwd_work = dist.all_to_all_single(pending.bwd_recv, send, [b * me] * comm.world,
-                                                      [b * w for w in xp.a2a_widths], group=comm.group, async_op=True)
+            pending.bwd_recv, pending.bwd_work = comm.all_to_all_async(send, [b * me] * comm.world,
+                                                                       [b * w for w in xp.a2a_widths])
             rs, hier = _other_kinds_grads(xp, g)
         return None, None, send, rs, hier
 
