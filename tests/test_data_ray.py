@@ -186,3 +186,35 @@ def test_scaled_down_workers_fit_on_the_nodes_not_only_in_the_totals():
         assert placed(res, nodes) >= 4, (res, nodes)
         assert warning.startswith("warning: DPP worker shape cpu_host_64c asks 64 CPUs and 256 GiB per worker")
     assert fit_workers(None, 2, [{"CPU": 8.0, "memory": 64.0 * gib}]) == (WorkerResources(1.0, gib), "")
+
+
+def test_a_worker_that_dies_with_no_split_is_found_and_reported_gone(local_ray, tmp_path):
+    """Two worker actors, both ready and idle; one's process is SIGKILLed. The pool reports it gone within a few
+    seconds although it was never sent a split (a dead idle worker was noticed only when a split went to it: with the
+    buffer full the first idle workers get every split, and a killed node's workers could go unnoticed to the end)."""
+    import os
+    import signal
+
+    from neocfg.data.dpp.loop import EventKind
+    from neocfg.data.dpp.ray_backend import RayPool
+
+    setup = setup_for(make_dataset(tmp_path / "ds"), workers=2)
+    pool = RayPool(setup.spec, WorkerResources(cpus=0.5, memory_bytes=2**28))
+    try:
+        wids = [pool.spawn(), pool.spawn()]
+        ready: set[int] = set()
+        deadline = time.monotonic() + 60
+        while ready != set(wids) and time.monotonic() < deadline:
+            ready |= {e.wid for e in pool.poll(0.1) if e.kind is EventKind.ready}
+        assert ready == set(wids)
+        os.kill(ray.get(pool.handles[wids[1]].pid.remote()), signal.SIGKILL)
+        events = []
+        deadline = time.monotonic() + 30
+        while not events and time.monotonic() < deadline:
+            events = pool.poll(0.1)
+        assert [(e.kind, e.wid) for e in events] == [(EventKind.gone, wids[1])], events
+        assert "idle check" in events[0].message and list(pool.handles) == [wids[0]]
+        quiet = [pool.poll(0.1) for _ in range(30)]  # the live one answers its checks: nothing to report
+        assert not any(quiet)
+    finally:
+        pool.close()

@@ -2,11 +2,12 @@
 
 `ray start --head` (no CPUs: it runs no work) and `ray start --address` twice (two worker nodes of 2 CPUs, each its own
 raylet and object store), all on this machine, with Ray's token authentication; then `neocfg mode=train
-dsi.backend=ray dsi.ray.address=<head>` as a separate process. Once the run delivered part of its first epoch, one
-worker node's raylet and every process under it are killed (SIGKILL: a host that loses power). The run must exit 0
-and, by its own delivery log (NEOCFG_DPP_AUDIT), deliver every sample exactly once per epoch. And `dsi.ray.address=null`
-with that cluster running and RAY_ADDRESS pointing at it: the run starts a Ray of its own and finishes. The cluster's
-processes (found by its temp dir) are killed at the end whatever happened.
+dsi.backend=ray dsi.ray.address=<head>` as a separate process. Once the run delivered part of its first epoch and a
+DPP worker actor of the victim node is up (killing a node whose workers were still starting tests nothing of their
+replacement), that node's raylet and every process under it are killed (SIGKILL: a host that loses power). The run
+must exit 0 and, by its own delivery log (NEOCFG_DPP_AUDIT), deliver every sample exactly once per epoch. And
+`dsi.ray.address=null` with that cluster running and RAY_ADDRESS pointing at it: the run starts a Ray of its own and
+finishes. The cluster's processes (found by its temp dir) are killed at the end whatever happened.
 """
 
 from __future__ import annotations
@@ -114,6 +115,16 @@ class CliCluster:
                 return pid
         return None
 
+    def dpp_workers(self, port: int) -> list[str]:
+        """The node's DPP worker actors that are up (Ray titles an actor's process ray::<Class>[.<method>]; it is
+        ray::IDLE before the actor is placed there and ray::DppWorker.__init__ while it starts)."""
+        raylet = self.raylet(port)
+        if raylet is None:
+            return []
+        procs = _processes()
+        titles = (procs[pid][1] for pid in _with_descendants({raylet}, procs))
+        return [t for t in titles if t.startswith("ray::DppWorker") and not t.startswith("ray::DppWorker.__init__")]
+
     def kill_node(self, port: int) -> set[int]:
         """SIGKILL the node's raylet and every process under it (its workers, its agents)."""
         procs = _processes()
@@ -185,14 +196,15 @@ def test_a_killed_worker_node_loses_no_sample_and_duplicates_none(cluster, datas
     deadline = time.monotonic() + 240
     try:
         while p.poll() is None and not killed and time.monotonic() < deadline:
-            if audit.exists() and _delivered(audit) >= KILL_AFTER_SAMPLES:
+            if audit.exists() and _delivered(audit) >= KILL_AFTER_SAMPLES and cluster.dpp_workers(victim):
                 killed = cluster.kill_node(victim)
             time.sleep(0.1)
         out = _finish(p, max(deadline - time.monotonic(), 1.0))
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    assert killed, f"the run ended before {KILL_AFTER_SAMPLES} samples went out:\n{out[-3000:]}"
+    assert killed, (f"the run ended before {KILL_AFTER_SAMPLES} samples went out with a DPP worker up on the victim:\n"
+                    f"{out[-3000:]}")
     assert cluster.raylet(victim) is None
     assert p.returncode == 0, out[-4000:]
     assert f"DPP: joined the Ray cluster at {cluster.address}" in out and "3 node(s)" in out, out[-3000:]

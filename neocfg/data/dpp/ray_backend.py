@@ -70,6 +70,10 @@ TICK_S = 0.05
 # wakes this often (seconds) as a safety net. Shorter costs the master CPU per waiting client (with a 0.05 s wake-up
 # its CPU per split grew from 3.0 ms with 16 clients to 5.7 ms with 64: bench_dpp_clients.py).
 PULL_WAKE_S = 1.0
+# An idle worker actor is asked for its pid this often (seconds), so that one whose process or node died while it had
+# no split is noticed and replaced then, not when a split is next sent to it (with the buffer full, the first idle
+# workers get every split and a dead one further down could go unnoticed to the end of the run).
+IDLE_PING_S = 1.0
 # A client's background ask for its next split waits at most this long per call before asking again (so that it
 # notices close; a split is handed to it the moment one is ready, whatever this is).
 AHEAD_WAIT_S = 1.0
@@ -264,6 +268,8 @@ class RayPool:
         self.spec, self.resources = spec, resources
         self.handles: dict[int, Any] = {}
         self._waiting: dict[int, tuple[Any, bool]] = {}  # wid -> (the ref it is waited on by, a split's result)
+        self._pings: dict[int, Any] = {}  # wid -> the ref of a liveness call to an idle worker
+        self._heard: dict[int, float] = {}  # wid -> when it last answered (time.monotonic())
         self._next_wid = 0
 
     def spawn(self) -> int:
@@ -279,24 +285,30 @@ class RayPool:
         self._waiting[wid] = (self.handles[wid].process.remote(task), True)
 
     def poll(self, timeout_s: float) -> list[PoolEvent]:
+        self._ping_idle(time.monotonic())
         refs = {ref: wid for wid, (ref, _) in self._waiting.items()}
-        if not refs:
+        pings = {ref: wid for wid, ref in self._pings.items()}
+        if not refs and not pings:
             time.sleep(timeout_s)
             return []
         # as soon as one worker is done (it gets its next split), with any others done by then
-        done, rest = ray.wait(list(refs), num_returns=1, timeout=timeout_s)
+        done, rest = ray.wait([*refs, *pings], num_returns=1, timeout=timeout_s)
         if done and rest:
             done += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
         events = []
         for ref in done:
+            if ref in pings:
+                events += self._pinged(pings[ref], ref)
+                continue
             wid = refs[ref]
             _, split = self._waiting.pop(wid)
             try:
                 got = ray.get(ref)
             except RayError as exc:
-                self.handles.pop(wid, None)
+                self._forget(wid)
                 events.append(PoolEvent(EventKind.gone, wid, message=_reason(exc)))
                 continue
+            self._heard[wid] = time.monotonic()
             if not split:
                 events.append(PoolEvent(EventKind.ready, wid))
             elif isinstance(got[0], str):  # ("error", message)
@@ -305,8 +317,35 @@ class RayPool:
                 events.append(PoolEvent(EventKind.done, wid, meta=got[0], payload=got[1]))
         return events
 
+    def _ping_idle(self, now: float) -> None:
+        """Ask each worker that is ready and idle, and was last heard from IDLE_PING_S ago, whether it is alive."""
+        for wid, handle in self.handles.items():
+            if wid not in self._waiting and wid not in self._pings and now - self._heard.get(wid, now) >= IDLE_PING_S:
+                self._pings[wid] = handle.pid.remote()
+                self._heard[wid] = now
+
+    def _pinged(self, wid: int, ref: Any) -> list[PoolEvent]:
+        self._pings.pop(wid, None)
+        if wid not in self.handles:  # gone or killed meanwhile
+            return []
+        try:
+            ray.get(ref)
+        except RayError as exc:  # it died with no split (a split it got since is requeued by the loop)
+            self._waiting.pop(wid, None)
+            self._forget(wid)
+            return [PoolEvent(EventKind.gone, wid, message=f"{_reason(exc)} (found by the idle check)")]
+        self._heard[wid] = time.monotonic()
+        return []
+
+    def _forget(self, wid: int) -> None:
+        self.handles.pop(wid, None)
+        self._pings.pop(wid, None)
+        self._heard.pop(wid, None)
+
     def kill(self, wid: int) -> None:
         self._waiting.pop(wid, None)
+        self._pings.pop(wid, None)
+        self._heard.pop(wid, None)
         handle = self.handles.pop(wid, None)
         if handle is not None:
             ray.kill(handle, no_restart=True)
