@@ -264,24 +264,47 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:,.0f}"
 
 
-def _flatness(rows: list[dict]) -> list[str]:
+def _slopes(rows: list[dict]) -> list[tuple[str, tuple, dict, dict, float]]:
     """The master's peak memory against clients (same splits and workers) and against splits (same clients and
-    workers): bytes per added client and per added split, between the smallest and the largest round of each."""
+    workers): (what varies, the fixed values, the smallest and the largest round, bytes per added client or split)."""
     out = []
-    for vary, fixed, what in (("clients", ("splits", "workers"), "client"), ("splits", ("clients", "workers"), "split")):
+    for vary, fixed in (("clients", ("splits", "workers")), ("splits", ("clients", "workers"))):
         groups: dict[tuple, list[dict]] = {}
         for r in rows:
             groups.setdefault(tuple(r[k] for k in fixed), []).append(r)
         for key, g in groups.items():
             lo, hi = min(g, key=lambda r: r[vary]), max(g, key=lambda r: r[vary])
-            if lo[vary] == hi[vary]:
-                continue
-            per = (hi["master_hwm"] - lo["master_hwm"]) / (hi[vary] - lo[vary])
-            at = ", ".join(f"{k} {v:,}" for k, v in zip(fixed, key))
-            out.append(f"- master peak from {lo[vary]:,} to {hi[vary]:,} {vary} ({at}): {lo['master_hwm'] / 2**20:.0f} "
-                       f"-> {hi['master_hwm'] / 2**20:.0f} MiB, {per:+,.0f} B per {what}; CPU per split "
-                       f"{lo['master_cpu_us_per_split']:,.0f} -> {hi['master_cpu_us_per_split']:,.0f} us")
+            if lo[vary] != hi[vary]:
+                out.append((vary, key, lo, hi, (hi["master_hwm"] - lo["master_hwm"]) / (hi[vary] - lo[vary])))
+    return out
+
+
+def _flatness(rows: list[dict]) -> list[str]:
+    out = []
+    for vary, key, lo, hi, per in _slopes(rows):
+        fixed = ("splits", "workers") if vary == "clients" else ("clients", "workers")
+        at = ", ".join(f"{k} {v:,}" for k, v in zip(fixed, key))
+        out.append(f"- master peak from {lo[vary]:,} to {hi[vary]:,} {vary} ({at}): {lo['master_hwm'] / 2**20:.0f} "
+                   f"-> {hi['master_hwm'] / 2**20:.0f} MiB, {per:+,.0f} B per {vary[:-1]}; CPU per split "
+                   f"{lo['master_cpu_us_per_split']:,.0f} -> {hi['master_cpu_us_per_split']:,.0f} us")
     return ["", "Master memory and work as the job grows:", "", *out] if out else []
+
+
+def _summary(rows: list[dict]) -> str:
+    """The README's sentence (bench/common.py SUMMARY_LEAD): the rounds' range, the master's cost and its ceiling."""
+    def span(key: str) -> str:
+        lo, hi = min(r[key] for r in rows), max(r[key] for r in rows)
+        return f"{lo:,}" if lo == hi else f"{lo:,}-{hi:,}"
+
+    cpu = [r["master_cpu_us_per_split"] / 1e3 for r in rows]
+    worst = max(r["master_cpu_us_per_split"] for r in rows)
+    per = {vary: max(p for v, _, _, _, p in _slopes(rows) if v == vary) for vary in ("clients", "splits")
+           if any(v == vary for v, *_ in _slopes(rows))}
+    memory = " and +".join(f"{per[v] / 2**10:,.1f} KiB per {v[:-1]}" for v in ("splits", "clients") if v in per)
+    return (f"In short: {span('clients')} trainer clients pulling {span('splits')} splits cost the master "
+            f"{min(cpu):.1f}-{max(cpu):.1f} ms of CPU per split, memory +{memory or 'nothing'}; its ceiling, "
+            f"{1e6 / worst:,.0f} splits/s, is {1e6 / worst * 65536 / TRAINERS / 1e3:,.0f} k samples/s per trainer at "
+            f"{TRAINERS} trainers (65,536-row splits).")
 
 
 def record(rows: list[dict], note: str = "") -> None:
@@ -309,6 +332,7 @@ def record(rows: list[dict], note: str = "") -> None:
                   f"{1e6 / worst * 65536 / 1e6:,.0f} M samples/s for the job, "
                   f"{1e6 / worst * 65536 / TRAINERS / 1e3:,.0f} k samples/s per trainer over {TRAINERS} trainers."]
     lines += _flatness(rows)
+    lines += ["", _summary(rows)]
     if note:
         lines += ["", note]
     record_results("DPP with many clients", "\n".join(lines))

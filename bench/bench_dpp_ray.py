@@ -96,7 +96,9 @@ def record(out: dict) -> None:
                      f"{sum(r['duplicates'] for r in runs[b])} |")
     lines += ["", f"Ray / local: **{ratio:.3f}x** samples/s (target >= {TARGET_RATIO}), Ray stall "
                   f"{100 * best['ray']['stall']:.2f}% (target <= {100 * TARGET_STALL:.0f}%): "
-                  f"{'met' if ok else 'not met'}."]
+                  f"{'met' if ok else 'not met'}.",
+              "", f"In short: on Ray, a 2-rank job trains at {ratio:.3f}x local's samples/s with a "
+                  f"{100 * best['ray']['stall']:.2f}% stall (best of {out['reps']}, interleaved)."]
     record_results("DPP on Ray vs local", "\n".join(lines))
 
 

@@ -110,10 +110,51 @@ def quoted_table(section: str, index: int, results_text: str) -> str:
     return f"{source}\n\n{tables[index - 1].rstrip()}\n"
 
 
+# A README sentence inside a paragraph that quotes a RESULTS section's summary (its paragraph that starts with
+# SUMMARY_LEAD), re-wrapped to README_WIDTH columns where it stands:
+#   ... <!-- results: <section>; summary -->...generated...<!-- /results --> ...
+README_SUMMARY = re.compile(r"(?P<open><!-- results: (?P<section>[^;>]+); summary -->)(?P<body>.*?)"
+                            r"(?P<close><!-- /results -->)", re.S)
+SUMMARY_LEAD = "In short: "
+# The README's prose is wrapped at this many columns.
+README_WIDTH = 120
+
+
+def quoted_summary(section: str, results_text: str, column: int, close: str) -> str:
+    """A RESULTS section's summary, wrapped to README_WIDTH from `column` on (where the quote starts on its line),
+    leaving room for the `close` marker after its last word."""
+    import textwrap
+
+    body = results_section(section, results_text)
+    summary = next((p for p in body.split("\n\n") if p.startswith(SUMMARY_LEAD)), None)
+    if summary is None:
+        raise KeyError(f"bench/RESULTS.md section '{section}' has no paragraph starting {SUMMARY_LEAD!r}")
+    text = " ".join(summary[len(SUMMARY_LEAD):].split())
+    pad, tail = "\0" * column, "\0" * len(close)
+    wrapped = textwrap.fill(text + tail, width=README_WIDTH, initial_indent=pad, break_long_words=False,
+                            break_on_hyphens=False)[column:-len(close)]
+    first = wrapped.split("\n", 1)[0]
+    if column + len(first) > README_WIDTH:  # not even its first word fits after the marker: start on the next line
+        return "\n" + quoted_summary(section, results_text, 0, close)
+    return wrapped
+
+
 def refresh_readme(readme_text: str, results_text: str) -> str:
     """README text with every results block re-quoted from the RESULTS text."""
-    return README_BLOCK.sub(lambda m: m["open"] + quoted_table(m["section"].strip(), int(m["index"]), results_text)
+    text = README_BLOCK.sub(lambda m: m["open"] + quoted_table(m["section"].strip(), int(m["index"]), results_text)
                             + m["close"], readme_text)
+
+    at = 0
+    while (m := README_SUMMARY.search(text, at)) is not None:  # one by one: a quote moves the columns after it
+        column = m.end("open") - (text.rfind("\n", 0, m.end("open")) + 1)
+        try:
+            quote = quoted_summary(m["section"].strip(), results_text, column, m["close"])
+        except KeyError as exc:  # a section recorded before it had a summary: left as quoted (test_docs names it)
+            print(f"warning: {exc.args[0]}; its README quote is left as it was", file=sys.stderr)
+            quote = m["body"]
+        text = text[:m.end("open")] + quote + text[m.start("close"):]
+        at = m.end("open") + len(quote) + len(m["close"])
+    return text
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--readme"]:

@@ -129,3 +129,25 @@ def test_readme_quotes_the_recorded_results_as_they_are():
     for block in common.README_BLOCK.finditer(readme):
         assert "Command: `python bench/" in block["body"] and "| ---" not in block["body"].split("|", 1)[0]
         assert re.search(r"^\|.*\|$", block["body"], re.M), f"the '{block['section']}' quote holds a table"
+
+
+def test_readme_summaries_are_the_recorded_sections_sentences():
+    """A summary quote inside a README paragraph is its RESULTS section's 'In short:' paragraph, wrapped to the
+    README's width where it stands, and refreshed when the section changes."""
+    common = _bench_common()
+    readme, results = README.read_text(), (REPO / "bench" / "RESULTS.md").read_text()
+    quotes = list(common.README_SUMMARY.finditer(readme))
+    assert quotes, "the README quotes the DPP benches' summaries"
+    for m in quotes:
+        section = common.results_section(m["section"].strip(), results)
+        said = next(p for p in section.split("\n\n") if p.startswith(common.SUMMARY_LEAD))
+        assert " ".join(m["body"].split()) == " ".join(said[len(common.SUMMARY_LEAD):].split())
+    results_doc = ("## A\n\nCommand: `python bench/x.py`\n\n| a |\n|---|\n| 1 |\n\n"
+                   f"{common.SUMMARY_LEAD}{'word ' * 60}end.\n")
+    text = "Some prose and then <!-- results: A; summary -->old words<!-- /results --> after.\n"
+    refreshed = common.refresh_readme(text, results_doc)
+    assert "old words" not in refreshed and "end.<!-- /results --> after." in refreshed
+    body = common.README_SUMMARY.search(refreshed)["body"]
+    assert body.split() == ["word"] * 60 + ["end."]
+    lines = refreshed.splitlines()
+    assert len(lines) > 2 and all(len(line) <= common.README_WIDTH for line in lines[1:-1])
