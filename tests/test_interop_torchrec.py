@@ -34,7 +34,7 @@ from neocfg.interop.torchrec import (CpuRowWiseEmbeddingBagCollectionSharder, Ne
                                      from_sharding_plan, load_torchrec_plan, plan_json_of, to_sharding_plan)
 from neocfg.interop.export import to_torchrec_dict  # noqa: E402
 from neocfg.plan_check import load_plan_file  # noqa: E402
-from neocfg.runtime.launch import free_port  # noqa: E402
+from neocfg.runtime.launch import exit_rank, free_port  # noqa: E402
 
 WORLD, BATCH, STEPS, DENSE = 2, 32, 16, 13
 # One table per sharding type (name, rows, dim, type); 32 columns give column slices of 16 or 8.
@@ -123,11 +123,11 @@ def _worker(rank: int, port: int, plan_source: str, out_dir: str) -> None:
         kinds = {name: ps.sharding_type for p in plan.plan.values() for name, ps in p.items()}
         Path(out_dir, f"rank_{rank}.json").write_text(json.dumps({
             "max_abs_diff": (mine - expected).abs().max().item(), "losses": losses, "kinds": kinds}))
-        # Both ranks done with every collective before either tears its group down: without it, one CI run of
-        # d0ff722 saw rank 0 abort in teardown ("terminate called without an active exception", SIGABRT).
+        # Both ranks done with every collective before either tears its group down.
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_rank(0)  # results written: no interpreter teardown (a gloo thread can abort it: exit_rank)
 
 
 def _train(tmp_path: Path, plan_source: str) -> list[dict]:

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from neocfg.runtime.launch import free_port  # noqa: E402
+from neocfg.runtime.launch import exit_rank, free_port  # noqa: E402
 
 WORLD = 2
 # Each collection, with the sharding types TorchRec 1.8's runtime runs for it on CPU.
@@ -153,6 +153,7 @@ def _rank(rank: int, port: int, out_dir: str) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_rank(0)  # results written: no interpreter teardown (a gloo thread can abort it: exit_rank)
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -172,6 +172,16 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def exit_rank(code: int) -> NoReturn:
+    """Leave a rank process whose outcome is written, skipping interpreter teardown: a gloo worker thread that
+    releases a finished collective (a barrier's work) after teardown began needs the GIL to drop its thread-local
+    state, cannot have it, and aborts the process (std::terminate, SIGABRT) after a successful run."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _leave_quietly(signum: int, frame: object) -> None:
     os._exit(128 + signum)
 
@@ -207,12 +217,7 @@ def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s:
         out = fn(env, *args)
         _report(results, local_rank, "ok", out)
         dist.destroy_process_group()
-        # The outcome is on disk: skip interpreter teardown, where a library thread still joinable at exit can
-        # abort the process (std::terminate, SIGABRT) after a successful run.
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_rank(0)
     except NeocfgError as exc:
         _report(results, local_rank, "error", (type(exc).__name__, str(exc), exc.exit_code))
         os._exit(exc.exit_code)  # skip interpreter teardown: the other ranks may be blocked in a collective
