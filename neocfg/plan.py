@@ -70,6 +70,10 @@ class Estimate:
     dense_comm_ms: float = 0.0
     # Generating the batch where it shares the device's core (CPU ranks; planner.costs.data_ms), in every total_ms.
     data_ms: float = 0.0
+    # The pooled outputs' all-to-all (forward and the gradients' backward) hidden behind the bottom MLP on the
+    # busiest device (StepStrategies.output_overlap; neocfg.planner.assemble.output_overlap_ms): already taken out of
+    # its comm_ms, counted once in the dense term.
+    output_hidden_ms: float = 0.0
     # The data-parallel tables' backward inside the embedding terms (0 without them): their lookups' backward and
     # the replicas' update passes, and their gradient all-reduce (neocfg.planner.assemble.replica_backward_ms).
     dp_update_ms: float = 0.0
@@ -116,6 +120,9 @@ class StepStrategies:
     id_dtype: IdDtype                     # what ids, lengths and bag codes travel as
     routing_encoding: RoutingEncoding     # how row-sharded tables' ids travel
     id_weights: bool = False              # per-id weights travel beside the ids (a dataset's weight columns)
+    # the pooled outputs' all-to-all travels while the bottom MLP runs, its gradients' while its backward runs (a
+    # plan file without the key: waited for at once)
+    output_overlap: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
@@ -125,19 +132,22 @@ class StepStrategies:
         return StepStrategies(pipeline=bool(d["pipeline"]), ids_exchange=IdsExchange(d["ids_exchange"]),
                               dense_grad_sync=DenseGradSync(d["dense_grad_sync"]), id_dtype=IdDtype(d["id_dtype"]),
                               routing_encoding=RoutingEncoding(d["routing_encoding"]),
-                              id_weights=bool(d.get("id_weights", False)))
+                              id_weights=bool(d.get("id_weights", False)),
+                              output_overlap=bool(d.get("output_overlap", False)))
 
     def describe(self) -> str:
         return (f"pipeline {'on' if self.pipeline else 'off'}, ids exchanged in the {self.ids_exchange.value},"
                 f" dense gradients by {self.dense_grad_sync.value}, ids {self.id_dtype.value},"
-                f" row-sharded ids as {self.routing_encoding.value}" + (", per-id weights" if self.id_weights else ""))
+                f" row-sharded ids as {self.routing_encoding.value}" + (", per-id weights" if self.id_weights else "")
+                + f", outputs' all-to-all {'overlapping the bottom MLP' if self.output_overlap else 'waited for at once'}")
 
 
 @dataclass(frozen=True)
 class Collective:
     """One collective of a rank's step: `count` calls a step (each rank issues the same ones, in the same order,
     on the group's ranks), moving `sent` / `received` bytes in all; overlapped: it runs beside compute (the
-    pipelined step's id payload, ids exchanged in the prefetch thread, DDP's buckets during backward)."""
+    pipelined step's id payload, ids exchanged in the prefetch thread, DDP's buckets during backward, the outputs'
+    all-to-all and its gradients' beside the bottom MLP under StepStrategies.output_overlap)."""
 
     kind: CollectiveKind
     group: GroupScope

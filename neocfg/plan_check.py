@@ -108,6 +108,12 @@ def _check_strategies(c: _Checker, st: Any) -> None:
         raise c.fail("strategies", f"expected an object, got {type(st).__name__}")
     if not isinstance(st.get("pipeline"), bool):
         raise c.fail("strategies", f"pipeline={st.get('pipeline')!r} must be true or false")
+    if not isinstance(st.get("output_overlap", False), bool):
+        raise c.fail("strategies", f"output_overlap={st.get('output_overlap')!r} must be true or false")
+    if st.get("output_overlap") and st.get("dense_grad_sync") == DenseGradSync.exchange.value:
+        raise c.fail("strategies", "output_overlap=true with dense_grad_sync=exchange: the dense gradients ride in "
+                                   "the outputs' backward all-to-all, which waits for the dense backward; allowed: "
+                                   "output_overlap=false, or dense_grad_sync=ddp")
     for key, enum in (("ids_exchange", IdsExchange), ("dense_grad_sync", DenseGradSync), ("id_dtype", IdDtype),
                       ("routing_encoding", RoutingEncoding)):
         allowed = [m.value for m in enum if m.value != "auto"]

@@ -98,6 +98,18 @@ class IdsExchange(Enum):
     step = "step"
 
 
+class OutputOverlap(Enum):
+    """Whether the pooled outputs' all-to-all travels while the bottom MLP runs (StepStrategies.output_overlap).
+    overlap: it is sent before the bottom MLP and waited for at the interaction, and the gradients' all-to-all is sent
+    before the bottom MLP's backward and waited for after it; wait: each is waited for at once; auto: overlap where
+    it can run (dense gradients synced by DDP, and some pooled output comes back by all-to-all), resolved by the
+    planner into plan.json's strategies (neocfg.planner.strategies.output_overlap)."""
+
+    auto = "auto"
+    overlap = "overlap"
+    wait = "wait"
+
+
 class IdDtype(Enum):
     """The integer type the ids, lengths and bag codes travel and are looked up in (StepStrategies.id_dtype)."""
 

@@ -266,7 +266,10 @@ def test_mode_plan_writes_the_steps_collectives_and_a_given_plans_are_rederived(
         # pooled outputs: this rank's tables for every sample of the world out, every table for its own samples in
         assert by["all_to_all", "outputs"]["sent"] == held * batch * world * fp32
         assert by["all_to_all", "outputs"]["received"] == sum(dims.values()) * batch * fp32
-        assert by["all_to_all", "ids"]["overlapped"] and not by["all_to_all", "outputs"]["overlapped"]
+        assert by["all_to_all", "ids"]["overlapped"]
+        # under DDP the outputs' all-to-all and its gradients' run beside the bottom MLP (output_overlap=auto)
+        assert d["strategies"]["output_overlap"] is True
+        assert by["all_to_all", "outputs"]["overlapped"] and by["all_to_all", "output_grads"]["overlapped"]
     printed = [line for line in first.stdout.splitlines() if line.startswith("  ") and " x " in line]
     assert len(printed) == 4 and any("all_reduce over world: dense grads" in line for line in printed)
     given = dict(d, collectives=[[dict(c, sent=1, count=9) for c in rank] for rank in d["collectives"]])

@@ -1,4 +1,4 @@
-"""The pooled outputs' all-to-all overlaps the bottom MLP, both ways: the forward sends it before the bottom MLP
+"""Under the plan's output_overlap (StepStrategies), the pooled outputs' all-to-all overlaps the bottom MLP, both ways: the forward sends it before the bottom MLP
 runs and waits for it after (at the interaction); the backward sends the gradients' all-to-all before the bottom
 MLP's backward and waits for it after. The losses stay those of the step without overlap (the runtime
 correctness tests check the trained state against one process)."""
@@ -36,10 +36,11 @@ class _LoggedWork:
         return self.work.wait(*args)
 
 
-def _trainer(sync: str):
+def _trainer(sync: str, overlap: str = "auto"):
     from neocfg.runtime.train import Trainer
 
-    cfg = compose_cfg(["model=dlrm_tiny", f"train.batch_size={B}", "train.steps=6", f"train.dense_grad_sync={sync}"])
+    cfg = compose_cfg(["model=dlrm_tiny", f"train.batch_size={B}", "train.steps=6", f"train.dense_grad_sync={sync}",
+                       f"train.output_overlap={overlap}"])
     plan = rule_plan(cfg.model, world=1, devices_per_node=1, batch_size=B, sharding=S.table_wise)
     source = SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, B, cycle=3)
     return Trainer(cfg, with_strategies(cfg, plan, source_prefetches=False), None, torch.device("cpu"), source=source)
@@ -91,11 +92,48 @@ def test_no_overlap_when_the_dense_gradients_ride_in_the_exchange(one_rank_gloo,
     assert _logged_step(trainer, monkeypatch) == ["outputs sent", "bottom forward", "bottom backward", "grads sent"]
 
 
+def test_the_plan_says_wait_and_nothing_is_left_in_flight(one_rank_gloo, monkeypatch):
+    """train.output_overlap=wait under DDP: the plan says so, and the runtime waits for each all-to-all at once (no
+    async all-to-all on the exchange group, no PendingPooled) although it could overlap them."""
+    from neocfg.runtime.dist import PendingPooled
+
+    trainer = _trainer("ddp", "wait")
+    assert trainer.plan.strategies.output_overlap is False
+    made = []
+    real_init = PendingPooled.__init__
+
+    def counted(self, *args, **kw):
+        made.append(self)
+        real_init(self, *args, **kw)
+
+    monkeypatch.setattr(PendingPooled, "__init__", counted)
+    trainer.train_step()
+    log = _logged_step(trainer, monkeypatch)
+    assert not made and not any("waited" in x for x in log)
+    assert log[:2] == ["outputs sent", "bottom forward"] and "grads sent" in log
+
+
 def test_overlapped_steps_lose_what_plain_steps_lose(one_rank_gloo):
-    """The same losses with the pooled outputs waited for at once (ShardedEmbeddings.forward without pending)."""
+    """The same losses with the pooled outputs waited for at once (the plan's output_overlap off)."""
     torch.manual_seed(0)
-    a, b = _trainer("ddp"), _trainer("ddp")
-    plain = b.emb.forward
-    b.emb.forward = lambda batch, lookups=None, rider=None, pending=False: plain(batch, lookups, rider)
+    a, b = _trainer("ddp", "overlap"), _trainer("ddp", "wait")
+    assert a.plan.strategies.output_overlap and not b.plan.strategies.output_overlap
     for _ in range(4):
         assert float(a.train_step()[0]) == float(b.train_step()[0])
+
+
+def test_a_plan_that_overlaps_an_exchange_carrying_dense_gradients_is_refused(one_rank_gloo):
+    """A plan file's output_overlap=true with dense_grad_sync=exchange (the backward all-to-all then waits for the
+    whole dense backward): the Trainer refuses it with one line naming the strategy."""
+    import dataclasses
+
+    from neocfg.errors import ConfigError
+    from neocfg.runtime.train import Trainer
+
+    cfg = compose_cfg(["model=dlrm_tiny", f"train.batch_size={B}", "train.dense_grad_sync=exchange"])
+    plan = with_strategies(cfg, rule_plan(cfg.model, world=1, devices_per_node=1, batch_size=B,
+                                          sharding=S.table_wise), source_prefetches=False)
+    bad = dataclasses.replace(plan, strategies=dataclasses.replace(plan.strategies, output_overlap=True))
+    source = SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, B, cycle=3)
+    with pytest.raises(ConfigError, match=r"strategies.output_overlap.*dense_grad_sync=exchange.*allowed here: false"):
+        Trainer(cfg, bad, None, torch.device("cpu"), source=source)

@@ -52,6 +52,45 @@ def test_config_pins_each_choice():
     assert resolve(parquet, _plan(parquet)).ids_exchange is IdsExchange.step   # no prefetch thread to do it in
 
 
+def test_output_overlap_resolves_where_it_can_run():
+    """auto: the outputs' all-to-all overlaps the bottom MLP under DDP when some output comes back by all-to-all;
+    not when the dense gradients ride in it, nor without one; wait pins it off; overlap where it cannot run is a
+    one-line config error naming the key."""
+    from neocfg.errors import ConfigError
+
+    def st(sharding, *over):
+        cfg = compose_cfg(["train.batch_size=16", *over])
+        return resolve(cfg, _plan(cfg, sharding))
+
+    assert st(None, "train.dense_grad_sync=ddp").output_overlap is True
+    assert st(S.table_wise).output_overlap is False                # dlrm_tiny's auto sync folds: exchange
+    assert st(S.row_wise, "train.dense_grad_sync=ddp").output_overlap is False      # no all-to-all output
+    assert st(None, "train.dense_grad_sync=ddp", "train.output_overlap=wait").output_overlap is False
+    assert st(None, "train.dense_grad_sync=ddp", "train.output_overlap=overlap").output_overlap is True
+    with pytest.raises(ConfigError, match=r"train.output_overlap.*overlap.*dense_grad_sync resolved to exchange"):
+        st(S.table_wise, "train.output_overlap=overlap")
+    with pytest.raises(ConfigError, match=r"train.output_overlap.*no pooled output by all-to-all.*auto, wait"):
+        st(S.row_wise, "train.dense_grad_sync=ddp", "train.output_overlap=overlap")
+
+
+def test_a_plan_file_without_output_overlap_waits(tmp_path):
+    """Plan files written before the key existed load, and run the exchange waited for at once."""
+    cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp"])
+    d = with_strategies(cfg, _plan(cfg)).to_dict()
+    assert d["strategies"].pop("output_overlap") is True
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    assert load_plan_file(path, cfg.model, 2).strategies.output_overlap is False
+    d["strategies"]["output_overlap"] = "yes"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"strategies: output_overlap='yes' must be true or false"):
+        load_plan_file(path, cfg.model, 2)
+    d["strategies"].update(output_overlap=True, dense_grad_sync="exchange")
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"output_overlap=true with dense_grad_sync=exchange.*allowed"):
+        load_plan_file(path, cfg.model, 2)
+
+
 def test_mode_plan_writes_and_prints_them(cli, tmp_path):
     r = cli("mode=plan", "model=dlrm_tiny", "hardware=cpu_local", "train.pipeline=false", "train.ids_exchange=step",
             f"hydra.run.dir={tmp_path / 'run'}")
@@ -61,6 +100,7 @@ def test_mode_plan_writes_and_prints_them(cli, tmp_path):
     assert set(plan["strategies"]) == {f.name for f in dataclasses.fields(StepStrategies)}
     line = next(x for x in r.stdout.splitlines() if x.startswith("step: "))
     assert "pipeline off" in line and "ids exchanged in the step" in line
+    assert "outputs' all-to-all waited for at once" in line       # dlrm_tiny's dense gradients ride in it
 
 
 def test_plan_file_strategies_are_checked(tmp_path):
@@ -97,7 +137,7 @@ def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
     plan = _plan(cfg)
     auto = resolve(cfg, plan)
     pinned = StepStrategies(pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp,
-                            id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes)
+                            id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes, output_overlap=True)
     assert all(getattr(pinned, f.name) != getattr(auto, f.name) for f in dataclasses.fields(StepStrategies)
                if f.name not in ("pipeline", "id_weights"))   # (no dataset here: no weights to pin)
     path = tmp_path / "plan.json"

@@ -7,7 +7,7 @@ from typing import Optional
 
 from neocfg.config import checks
 from neocfg.errors import ConfigError
-from neocfg.types import DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, SparseOptimizer
+from neocfg.types import DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, OutputOverlap, SparseOptimizer
 
 
 @dataclass
@@ -35,6 +35,10 @@ class TrainConfig:
     # embeddings' backward all-to-all: one collective fewer per step), auto (exchange while world x dense bytes is
     # small, see neocfg.types.DenseGradSync).
     dense_grad_sync: DenseGradSync = DenseGradSync.auto
+    # Whether the pooled outputs' all-to-all travels while the bottom MLP runs (and its gradients' while the bottom
+    # MLP's backward runs): overlap, wait, or auto (overlap where the dense gradients are synced by DDP and some
+    # output comes back by all-to-all; see neocfg.types.OutputOverlap). The same losses and weights either way.
+    output_overlap: OutputOverlap = OutputOverlap.auto
     # Exact per-category step times: synchronize the device at every stopwatch mark (removes overlap; GPU only).
     profile: bool = False
     log_every: int = 10

@@ -14,10 +14,10 @@ from neocfg.perf import Perf
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.strategies import with_collectives
 from neocfg.planner.types import Placement, SolveResult
-from neocfg.sharding import SCHEMES, OutputKind
+from neocfg.sharding import SCHEMES, OutputKind, PieceShape
 from neocfg.sharding.collectives import id_collectives
 from neocfg.tiers import TIERS
-from neocfg.types import IdsExchange
+from neocfg.types import Carries, CollectiveKind, GroupScope, IdsExchange
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -87,7 +87,8 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     # the batch's generation where it shares the rank's core (CPU devices): the same on every device, every plan
     generation = data_ms(cfg)
     # The solver's objective and bound are in its own terms (every option priced with DDP's all-reduce and the
-    # routing in comm; the fixed costs carried by fixed.py): its bound holds for every plan of the enumerated options.
+    # routing in comm; the fixed costs carried by fixed.py; the outputs' all-to-all exposed): its bound holds for
+    # every plan of the enumerated options so priced.
     objective = max(q.total for q in perf) + dense.perf.total + generation
     lb = result.lower_bound_ms + dense.perf.total + generation
     gap = (objective - lb) / objective if objective > 0 else 0.0
@@ -122,6 +123,13 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         moved = [x + cost.routing_ms_per_step for x in routed]
         perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - m) for q, m in zip(perf, moved)]
         data = [d + m for d, m in zip(data, moved)]
+    hidden = [Perf()] * cost.topo.world
+    if strategies.output_overlap:
+        # the outputs' all-to-all travels behind the bottom MLP's forward, its gradients' behind its backward:
+        # what the bottom MLP covers is counted once (in the dense term), the rest stays exposed in comm
+        hidden = output_overlap_ms(cost, placements, shapes, tables, dense.bottom)
+        perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - h.fwd_comm, bwd_comm=q.bwd_comm - h.bwd_comm)
+                for q, h in zip(perf, hidden)]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
                        compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,
@@ -134,7 +142,8 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         plan, devices=devices,
         estimate=Estimate(step_ms=step, samples_per_s=cfg.train.batch_size * hw.num_devices / (step / 1e3),
                           dense_ms=dense.perf.total, dense_compute_ms=dense.perf.compute,
-                          dense_comm_ms=dense.perf.comm, data_ms=data[busiest]),
+                          dense_comm_ms=dense.perf.comm, data_ms=data[busiest],
+                          output_hidden_ms=hidden[busiest].comm),
         solver=SolverReport(algorithm=result.algorithm, status=result.status, seconds=result.seconds,
                             objective_ms=objective, lower_bound_ms=lb, gap=gap,
                             placement_source=result.placement_source.value),
@@ -142,6 +151,28 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     dp_update, dp_all_reduce = replica_backward_ms(cfg, plan, cost)
     return with_collectives(cfg, dataclasses.replace(plan, estimate=dataclasses.replace(
         plan.estimate, dp_update_ms=dp_update, dp_all_reduce_ms=dp_all_reduce)))
+
+
+def output_overlap_ms(cost: CostModel, placements: Sequence[Placement], shapes: Sequence[PieceShape],
+                      tables: Sequence[TableConfig], bottom: Perf) -> list[Perf]:
+    """Per device, the part of the pooled outputs' all-to-all (fwd_comm) and of its gradients' (bwd_comm) that runs
+    behind the bottom MLP's forward and backward (StepStrategies.output_overlap): the collective's latency and its
+    bytes at the link rate, up to the bottom MLP's compute (`bottom`, DenseCost.bottom). The exchange's host copies
+    run on the step's thread, before and after the collective: never hidden."""
+    wire = [[0.0, 0.0] for _ in range(cost.topo.world)]
+    for p, shape in zip(placements, shapes):
+        table = tables[p.option.table_index]
+        for pc in cost.piece_comms(table, p.option.sharding, shape):
+            if (pc.kind, pc.group) != (CollectiveKind.all_to_all, GroupScope.world) \
+                    or pc.carries not in (Carries.outputs, Carries.output_grads):
+                continue
+            ms = pc.held_bytes * cost.rate_ms_per_byte(pc)
+            for r in p.ranks:
+                wire[r][pc.carries is Carries.output_grads] += ms
+    # every rank takes part in each of the two all-to-alls, pieces or not
+    alpha = cost.collective_latency_ms
+    return [Perf(fwd_comm=min(fwd + alpha, bottom.fwd_compute), bwd_comm=min(bwd + alpha, bottom.bwd_compute))
+            for fwd, bwd in wire]
 
 
 def replica_backward_ms(cfg: NeocfgConfig, plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:

@@ -452,7 +452,15 @@ class CostModel:
         ids' payload costs the step nothing where it travels behind the compute (ids_overlapped)."""
         if pc.carries is Carries.ids and self.ids_overlapped:
             return Perf()
-        rate = {(CollectiveKind.all_to_all, GroupScope.world): self.a2a_ms_per_byte,
+        copy = 0.0 if pc.carries is Carries.replica_grads else self.exchange_copy_ms_per_byte
+        ms = pc.held_bytes * (self.rate_ms_per_byte(pc) + copy)
+        if pc.carries is Carries.ids and self.id_weights:   # the weights' payload: the ids' elements as float32
+            ms *= 1 + FP32 / self.id_bytes
+        return Perf(fwd_comm=ms) if pc.carries in (Carries.ids, Carries.outputs) else Perf(bwd_comm=ms)
+
+    def rate_ms_per_byte(self, pc: PieceComm) -> float:
+        """The record's collective's link rate (without the exchange's host copies)."""
+        return {(CollectiveKind.all_to_all, GroupScope.world): self.a2a_ms_per_byte,
                 (CollectiveKind.all_to_all, GroupScope.cross_node): self.cross_node_ms_per_byte,
                 (CollectiveKind.reduce_scatter, GroupScope.world): self.reduce_scatter_ms_per_byte,
                 (CollectiveKind.all_gather, GroupScope.world): self.reduce_scatter_ms_per_byte,
@@ -460,11 +468,6 @@ class CostModel:
                 (CollectiveKind.all_gather, GroupScope.intra_node): lambda: self.reduce_scatter_ms_per_byte(True),
                 (CollectiveKind.all_reduce, GroupScope.world): lambda: 2 * self.reduce_scatter_ms_per_byte(),
                 }[pc.kind, pc.group]()
-        copy = 0.0 if pc.carries is Carries.replica_grads else self.exchange_copy_ms_per_byte
-        ms = pc.held_bytes * (rate + copy)
-        if pc.carries is Carries.ids and self.id_weights:   # the weights' payload: the ids' elements as float32
-            ms *= 1 + FP32 / self.id_bytes
-        return Perf(fwd_comm=ms) if pc.carries in (Carries.ids, Carries.outputs) else Perf(bwd_comm=ms)
 
     def replica_update_ms(self, sharding: ShardingType, shape: PieceShape) -> Perf:
         """A data-parallel replica's passes over its whole fp32 table per step (dense gradient, its all-reduce in
@@ -491,6 +494,9 @@ class DenseCost:
     parameters: int
     perf: Perf                # per device per step
     resident_bytes: int       # parameters + optimizer state on every device
+    # The bottom MLP's share of perf's compute (its layers' FLOPs, activation passes and kernels, priced as the whole
+    # dense part's): what the pooled outputs' all-to-all can travel behind (StepStrategies.output_overlap).
+    bottom: Perf = Perf()
 
 
 def _mlp(widths: list[int]) -> tuple[float, int]:
@@ -561,21 +567,32 @@ def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCos
     collective of their own). sync None: as the planner prices it before placement (`planned_dense_sync`)."""
     if sync is None:
         sync = planned_dense_sync(cfg)
+    c, model = cfg.planner.costs, cfg.model
+    flops, params = dense_flops_and_params(model)
+    compute = _dense_compute(cfg, flops, dense_activations(model),
+                             c.dense_kernels_per_layer * dense_layers(model) + c.dense_step_kernels)
+    bottom_flops, _ = _mlp([model.num_dense_features] + model.bottom_layers)
+    bottom = _dense_compute(cfg, bottom_flops, model.num_dense_features + sum(model.bottom_layers),
+                            c.dense_kernels_per_layer * len(model.bottom_layers))
+    allreduce = ddp_allreduce_ms(cfg, compute.bwd_compute) if sync is DenseGradSync.ddp else 0.0
+    perf = Perf(fwd_compute=compute.fwd_compute, bwd_compute=compute.bwd_compute, bwd_comm=allreduce)
+    resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
+    if cfg.planner.dense_resident_bytes is not None:
+        resident = cfg.planner.dense_resident_bytes
+    return DenseCost(flops_per_sample=flops, parameters=params, perf=perf, resident_bytes=resident, bottom=bottom)
+
+
+def _dense_compute(cfg: NeocfgConfig, flops: float, activations: float, kernels: float) -> Perf:
+    """Dense layers' compute per device and step: forward FLOPs per sample at peak x MFU (backward
+    TRAIN_FLOPS_PER_FWD - 1 times them), dense_activation_passes over their fp32 activations per sample at the
+    streaming bandwidth, and their kernels' fixed costs; a third of the kernels and passes run forward (see
+    dense_kernels_per_layer: 2 of 6 per layer)."""
     hw, c = cfg.hardware, cfg.planner.costs
-    flops, params = dense_flops_and_params(cfg.model)
     mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
     rate = hw.device.peak_tflops_at(cfg.train.dense_precision) * 1e12 * mfu
     fwd = flops * cfg.train.batch_size / rate * MS
     stream_gbs = hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs
-    passes = (c.dense_activation_passes * dense_activations(cfg.model) * FP32 * cfg.train.batch_size
-              / (stream_gbs * GB) * MS)
-    kernels = (c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels) \
-        * hw.device.kernel_overhead_us / 1e3
-    # a third of the kernels run forward (see dense_kernels_per_layer: 2 of 6 per layer)
-    backward = fwd * (TRAIN_FLOPS_PER_FWD - 1) + (kernels + passes) * 2 / 3
-    allreduce = ddp_allreduce_ms(cfg, backward) if sync is DenseGradSync.ddp else 0.0
-    perf = Perf(fwd_compute=fwd + (kernels + passes) / 3, bwd_compute=backward, bwd_comm=allreduce)
-    resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
-    if cfg.planner.dense_resident_bytes is not None:
-        resident = cfg.planner.dense_resident_bytes
-    return DenseCost(flops_per_sample=flops, parameters=params, perf=perf, resident_bytes=resident)
+    passes = c.dense_activation_passes * activations * FP32 * cfg.train.batch_size / (stream_gbs * GB) * MS
+    fixed = kernels * hw.device.kernel_overhead_us / 1e3
+    return Perf(fwd_compute=fwd + (fixed + passes) / 3,
+                bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + (fixed + passes) * 2 / 3)

@@ -8,6 +8,10 @@ runtime runs and the plan says. Every `auto` is decided here, by the rules below
   dense_grad_sync   ddp, or exchange (the dense gradients in the embeddings' backward all-to-all): exchange when asked,
                     or under auto while world x the dense parameters' bytes <= DENSE_FOLD_MAX_BYTES; never without
                     an all-to-all output.
+  output_overlap    the pooled outputs' all-to-all sent before the bottom MLP and waited for at the interaction (its
+                    gradients' sent before the bottom MLP's backward): under overlap, or auto, where it can run:
+                    the dense gradients synced by ddp (under exchange they ride in that backward all-to-all, which
+                    then waits for the whole dense backward) and some pooled output coming back by all-to-all.
   id_dtype          int32 when every table's rows and every bag code (features of a rank x world x batch) fit.
   routing_encoding  lengths while the length entries per sample (row ranges x row-sharded tables) are at most
                     LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample, else codes.
@@ -24,7 +28,7 @@ from neocfg.errors import ConfigError
 from neocfg.plan import Plan, StepStrategies
 from neocfg.sharding import SCHEMES, OutputKind, Routing
 from neocfg.sharding.collectives import ID32_LIMIT, LENGTH_ENTRIES_PER_ID, Collective, encoding_for, step_collectives
-from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, RoutingEncoding
+from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, RoutingEncoding
 
 # DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
 # it (world x the dense parameters' bytes) is at most this. Measured (bench_vs_torchrec, 2 gloo ranks, one thread):
@@ -65,6 +69,20 @@ def dense_grad_sync(sync: DenseGradSync, dense_params: int, world: int, all_to_a
     return DenseGradSync.ddp
 
 
+def output_overlap(mode: OutputOverlap, sync: DenseGradSync, all_to_all: bool) -> bool:
+    """Whether the pooled outputs' all-to-all overlaps the bottom MLP (`sync`: the resolved dense-gradient sync)."""
+    if mode is OutputOverlap.wait:
+        return False
+    if mode is OutputOverlap.overlap and not all_to_all:
+        raise ConfigError("train.output_overlap", mode.value, "the plan exchanges no pooled output by all-to-all "
+                          "(e.g. only row-wise or data-parallel tables); allowed here: auto, wait")
+    if mode is OutputOverlap.overlap and sync is not DenseGradSync.ddp:
+        raise ConfigError("train.output_overlap", mode.value, f"the dense gradients ride in the outputs' backward "
+                          f"all-to-all (dense_grad_sync resolved to {sync.value}); allowed here: auto, wait, or "
+                          f"overlap with train.dense_grad_sync=ddp")
+    return all_to_all and sync is DenseGradSync.ddp
+
+
 def id_dtype(plan: Plan, batch_size: int) -> IdDtype:
     """int32 when every table's rows and every bag code (a rank's looked-up features x world x batch) fit."""
     features = Counter(s.rank for t in plan.tables if SCHEMES[t.sharding].kind is not OutputKind.replicated
@@ -99,11 +117,12 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     from neocfg.planner.costs import dense_flops_and_params   # (costs reads this module's rules)
 
     dense_params = dense_flops_and_params(cfg.model)[1]
+    all_to_all = has_all_to_all(plan)
+    sync = dense_grad_sync(tc.dense_grad_sync, dense_params, plan.world_size, all_to_all)
     return StepStrategies(
-        pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange,
-        dense_grad_sync=dense_grad_sync(tc.dense_grad_sync, dense_params, plan.world_size, has_all_to_all(plan)),
+        pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange, dense_grad_sync=sync,
         id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
-        id_weights=id_weights(cfg))
+        id_weights=id_weights(cfg), output_overlap=output_overlap(tc.output_overlap, sync, all_to_all))
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:

@@ -132,8 +132,9 @@ class ShardedEmbeddings(nn.Module):
                 pending: bool = False) -> Union[torch.Tensor, PendingPooled]:
         """Pooled embeddings of the batch; `lookups`: its ids already received (the pipelined step), else those
         prepare() received, else they are exchanged here; `rider`: dense gradients to average in the backward
-        all-to-all (EmbeddingExchange); `pending`: return them as a PendingPooled whose all-to-all is in flight
-        (where there is one and no rider), for the caller to wait() when it needs them."""
+        all-to-all (EmbeddingExchange); `pending` (the plan's StepStrategies.output_overlap: needs an all-to-all
+        output and no rider): return them as a PendingPooled whose all-to-all is in flight, for the caller to wait()
+        when it needs them."""
         sw, w, b = self.stopwatch, self.comm.world, self.batch_size
         if lookups is None:
             lookups = self.exchanged_ahead(batch)
@@ -159,7 +160,9 @@ class ShardedEmbeddings(nn.Module):
 
             def add_local(out: torch.Tensor) -> torch.Tensor:
                 return out.index_add(1, self.dp_target, local)
-        if pending and rider is None and self.has_all_to_all:
+        if pending:
+            if rider is not None or not self.has_all_to_all:
+                raise ValueError("ShardedEmbeddings.forward(pending=True) needs an all-to-all output and no rider")
             box = PendingPooled(self.xp, None, parts[1], parts[2], then=add_local)
             box.recv = ExchangeStart.apply(self.xp, box, parts[0])
             return box

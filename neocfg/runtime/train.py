@@ -126,6 +126,10 @@ class Trainer:
         else:
             self.model = DistributedDataParallel(self.dense, **DDP_OPTIONS,
                                                  device_ids=[device.index] if device.type == "cuda" else None)
+        if st.output_overlap and (self.dense_grads is not None or not self.emb.has_all_to_all):
+            why = ("the dense gradients ride in the outputs' backward all-to-all (dense_grad_sync=exchange)"
+                   if self.dense_grads is not None else "the plan exchanges no pooled output by all-to-all")
+            raise ConfigError("strategies.output_overlap", True, f"{why}; allowed here: false")
         self.opt = make_dense_optimizer(self.dense.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
@@ -240,8 +244,9 @@ class Trainer:
         else:
             batch, lookups = self._fetch(route=False)[0], None
         folded = self.dense_grads is not None
-        # (not folded: the pooled outputs' all-to-all travels while the bottom MLP runs; DenseArch waits for it)
-        pooled = self.emb(batch, lookups, self.dense_grads, pending=not folded)
+        # (strategies.output_overlap: the pooled outputs' all-to-all travels while the bottom MLP runs; DenseArch
+        # waits for it)
+        pooled = self.emb(batch, lookups, self.dense_grads, pending=self.strategies.output_overlap)
         t_dense = sw.now()
         # folded: the dense backward first, on its own, so that the dense gradients are complete when the
         # embeddings' backward all-to-all carries them

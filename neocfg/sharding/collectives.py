@@ -275,7 +275,7 @@ def step_collectives(plan: "Plan", model: "ModelConfig", dense_params: int,
             if key[1] is GroupScope.intra_node and key not in node_holds:   # a node without such tables
                 continue
             rider = world * dense_params * FP32 if fold and key == _A2A_GRADS else 0.0
-            add(key, sent=rider, received=rider)
+            add(key, sent=rider, received=rider, overlapped=st.output_overlap and key in _BESIDE_BOTTOM_MLP)
         if not fold and dense_params:
             grads = dense_params * FP32
             add((CollectiveKind.all_reduce, GroupScope.world, Carries.dense_grads),
@@ -285,10 +285,14 @@ def step_collectives(plan: "Plan", model: "ModelConfig", dense_params: int,
 
 
 _A2A_GRADS = (CollectiveKind.all_to_all, GroupScope.world, Carries.output_grads)
+_A2A_OUTPUTS = (CollectiveKind.all_to_all, GroupScope.world, Carries.outputs)
+# What travels while the bottom MLP runs under StepStrategies.output_overlap: the outputs' all-to-all forward, its
+# gradients' backward (the other kinds' collectives are waited for at once).
+_BESIDE_BOTTOM_MLP = (_A2A_OUTPUTS, _A2A_GRADS)
 # The order a step issues them in (forward: EmbeddingExchange.forward; backward: the exchange's backward, then the
 # replicas' all-reduce as their gradient completes; DDP's buckets interleave with backward on their own group).
 _ORDER = (
-    (CollectiveKind.all_to_all, GroupScope.world, Carries.outputs),
+    _A2A_OUTPUTS,
     (CollectiveKind.reduce_scatter, GroupScope.world, Carries.outputs),
     (CollectiveKind.reduce_scatter, GroupScope.intra_node, Carries.outputs),
     (CollectiveKind.all_to_all, GroupScope.cross_node, Carries.outputs),
