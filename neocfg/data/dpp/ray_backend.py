@@ -79,7 +79,8 @@ IDLE_PING_S = 1.0
 AHEAD_WAIT_S = 1.0
 # Concurrent calls into the master actor: per client a pull that may wait and one short call (the pull asked
 # ahead, a checkpoint, leave), and a few more (stats, rank 0's stop). Fewer threads than waiting pulls would hold
-# back the pull that reports the last split of a finite run until the others time out.
+# back the pull that reports the last split of a finite run until the others time out. Each thread that ran a call
+# keeps about 88 KiB of the master's memory (docs/dpp.md, many trainer clients).
 MASTER_CALLS_PER_CLIENT, MASTER_SPARE_CALLS = 2, 8
 
 
