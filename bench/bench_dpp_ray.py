@@ -1,6 +1,6 @@
 """DPP on Ray against local, as a user runs it: whole `neocfg mode=train` runs, one process tree each.
 
-    flock /work/cpu.lock .venv/bin/python bench/bench_dpp_ray.py [--steps 400] [--reps 2] [--record]
+    flock /work/cpu.lock .venv/bin/python bench/bench_dpp_ray.py [--steps 1000] [--reps 2] [--record]
 
 The same 2-rank dlrm_tiny job on the same Parquet data (written once by `mode=gen_data dsi=parquet_local`), with
 `dsi.backend=local` and `dsi.backend=ray` (the run's own Ray, dsi.ray.address=null), interleaved, best of `--reps`
@@ -42,7 +42,7 @@ def run(cwd: Path, *overrides: str) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=1000, help="timed steps per run (1,000: about 6 s of steps)")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--samples", type=int, default=262144)
     ap.add_argument("--record", action="store_true", help="write the section of bench/RESULTS.md")
