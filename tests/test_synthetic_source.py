@@ -262,3 +262,29 @@ def test_cycle_batches_is_checked_and_only_cycles_training():
         compose_cfg(["dsi.cycle_batches=-1"])
     with pytest.raises(ConfigError, match="dsi.cycle_batches.*parquet"):
         compose_cfg(["dsi=parquet_local", "dsi.path=/tmp/x", "dsi.cycle_batches=4"])
+
+
+def test_prefetcher_hands_out_pregenerated_batches_in_the_callers_thread():
+    """dsi.cycle_batches: with nothing to produce or prepare the batches are handed out by the caller's thread (no
+    hand-off to the prefetch thread and back each step), the same batches in the same order, resumable."""
+    def source():
+        return SyntheticSource(DATA, rank=1, world_size=2, batch_size=24, cycle=3)
+
+    plain, pre = source(), Prefetcher(source())
+    threads = []
+    produce = pre._produce
+    pre._produce = lambda: (threads.append(threading.current_thread()), produce())[1]
+    for _ in range(5):
+        a, b = plain.next_batch(), pre.next_batch()
+        assert (a.sample_ids == b.sample_ids).all() and (a.values == b.values).all()
+    assert threads == [threading.current_thread()] * 5 and pre.pending is None
+    assert pre.state_dict() == {"step": 5} and pre.stats()["samples_delivered"] == 5 * 24
+    resumed = Prefetcher(source())
+    resumed.load_state_dict(pre.state_dict())
+    assert (resumed.next_batch().sample_ids == plain.next_batch().sample_ids).all()
+    # something to prepare: the thread again
+    pre.prepare_with(lambda batch: batch)
+    pre.next_batch()
+    assert threads[-1] is not threading.current_thread()
+    for s in (pre, resumed):
+        s.close()

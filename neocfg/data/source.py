@@ -55,6 +55,11 @@ class SyntheticSource:
         if pin_memory:
             self.cycled = [b.pin_memory() for b in self.cycled]
 
+    @property
+    def pregenerated(self) -> bool:
+        """Every batch it hands out exists already (cycle > 0): next_batch produces nothing."""
+        return bool(self.cycled)
+
     def _generate(self, step: int) -> Batch:
         return self._samples((step * self.world + self.rank) * self.batch_size, self.batch_size)
 
@@ -98,7 +103,8 @@ class Prefetcher:
     consumer's own work on a batch that needs nothing else, e.g. the trainer's id exchange), so that it overlaps the
     step too. state_dict() is the inner source's state right after the last batch handed
     out was produced (so a resume neither skips nor repeats the prefetched batch); stats() counts as data wait only
-    the time next_batch() blocked on the thread.
+    the time next_batch() blocked on the thread. Pre-generated batches (SyntheticSource.pregenerated) with nothing
+    to prepare are handed out in the caller's thread: there is nothing to overlap.
     """
 
     def __init__(self, inner: BatchSource, pin_memory: bool = False) -> None:
@@ -134,6 +140,13 @@ class Prefetcher:
 
     def next_batch(self) -> Batch:
         t0 = time.perf_counter()
+        if self.prepare is None and self.pending is None and getattr(self.inner, "pregenerated", False):
+            # nothing to produce or prepare (pre-generated batches, pinned already): handed out here, without a
+            # hand-off to the thread and back every step
+            batch, self.delivered_state = self._produce()
+            self.wait_s += time.perf_counter() - t0
+            self.delivered += batch.batch_size
+            return batch
         future = self.pending or self.pool.submit(self._produce)
         batch, self.delivered_state = future.result()
         self.wait_s += time.perf_counter() - t0
