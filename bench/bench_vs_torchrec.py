@@ -27,7 +27,8 @@ its own 2 spawned processes cycling the same 8 batches per rank. Models x --ids 
 the presets' skew) x --sharding (table_wise, row_wise: TorchRec's EBC sharder with CPU row-wise,
 CpuRowWiseEmbeddingBagCollectionSharder). Runs interleave A/B/C, C/A/B, ...; the best of --repeats (2) counts;
 samples/s of the steps after the first 2 (neocfg's metrics.json; the same window in TorchRec's loop). --results
-writes the table into bench/RESULTS.md.
+writes the table into bench/RESULTS.md; --record-from X.json ... writes it from the --out files of several
+invocations (e.g. one case per invocation, each short enough for the CPU lock), in the order given.
 
 TorchRec lives in .venv-torchrec (`make torchrec-env`: TorchRec 1.8 without its CUDA dependencies, beside
 fbgemm-gpu-cpu 1.8). Run from either environment: without TorchRec importable here, the bench builds that
@@ -37,6 +38,7 @@ environment if needed and re-runs itself there, or says why it cannot.
         [--variant NAME:OVERRIDES ...] [--no-own-plan]
     .venv-torchrec/bin/python bench/bench_vs_torchrec.py --whole-run [--models tiny8,criteo] [--ids uniform,zipf]
         [--sharding table_wise,row_wise] [--whole-steps 80] [--repeats 2] [--results] [--out x.json]
+    .venv-torchrec/bin/python bench/bench_vs_torchrec.py --whole-run --record-from a.json b.json ...
 """
 
 from __future__ import annotations
@@ -345,7 +347,16 @@ TARGET_TW, TARGET_RW = 1.3, 1.0
 WHOLE_RUN_SECTION = "Whole runs against TorchRec"
 
 
-def whole_run_markdown(cases: list[dict], a) -> str:
+def _steps_text(cases: list[dict]) -> str:
+    """The runs' steps per model, e.g. `500` or `tiny8 1,000, criteo 500`."""
+    by_model = {c["model"]: c["steps"] for c in cases}
+    if len(set(by_model.values())) == 1:
+        return f"{next(iter(by_model.values())):,}"
+    return ", ".join(f"{m} {n:,}" for m, n in by_model.items())
+
+
+def whole_run_markdown(cases: list[dict], repeats: int) -> str:
+    """The summary table (best of the repeats per system) and every run's samples/s; each case carries its steps."""
     rows = ["| model | ids | sharding | neocfg cycled | neocfg stream | TorchRec DMP | cycled / TorchRec | "
             "stream / TorchRec | target |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for c in cases:
@@ -354,12 +365,21 @@ def whole_run_markdown(cases: list[dict], a) -> str:
         rows.append(f"| {c['model']} | {c['ids']} | {c['sharding']} | {b['neocfg_cycled']:,.0f} | "
                     f"{b['neocfg_stream']:,.0f} | {b['torchrec']:,.0f} | {c['ratio_cycled']:.2f}x | "
                     f"{c['ratio_stream']:.2f}x | >= {target}x |")
+    runs = ["| model | ids | sharding | neocfg cycled, each run | neocfg stream, each run | TorchRec DMP, each run |",
+            "|---|---|---|---|---|---|"]
+    for c in cases:
+        each = [", ".join(f"{r['samples_per_s']:,.0f}" for r in c["runs"][n])
+                for n in ("neocfg_cycled", "neocfg_stream", "torchrec")]
+        runs.append(f"| {c['model']} | {c['ids']} | {c['sharding']} | {' | '.join(each)} |")
     return "\n".join([
         f"Each system as its own processes, as a user runs it: `neocfg mode=train` ({WORLD} gloo ranks) with "
         f"`dsi.cycle_batches={BENCH_BATCHES}` (cycled) and with its default learnable stream (stream), and TorchRec "
         f"DMP in its own {WORLD} processes cycling the same {BENCH_BATCHES} pre-generated batches per rank; same plan "
-        f"(every table of a row in its sharding type; TorchRec's EBC sharder, with row-wise on CPU), batch {a.batch} per rank, fused exact row-wise Adagrad, {a.whole_steps} steps of which the first "
-        f"{WARMUP} are not timed; interleaved, best of {a.repeats}; samples/s of the timed steps.", "", *rows])
+        f"(every table of a row in its sharding type; TorchRec's EBC sharder, with row-wise on CPU), batch "
+        f"{cases[0]['batch_per_rank']} per rank, fused exact row-wise Adagrad, {_steps_text(cases)} steps per run of "
+        f"which the first {WARMUP} are not timed; interleaved, best of {repeats}; samples/s of the timed steps.", "",
+        *rows, "", "Every run (the machine is shared: single runs spread; the table above takes each system's best):",
+        "", *runs])
 
 
 def whole_run(a) -> None:
@@ -369,15 +389,30 @@ def whole_run(a) -> None:
             for ids in a.ids.split(","):
                 for sharding in a.sharding.split(","):
                     c = whole_run_case(model, ids, sharding, a, Path(tmpdir))
+                    c |= {"steps": a.whole_steps, "batch_per_rank": a.batch}
                     target = TARGET_TW if sharding == "table_wise" else TARGET_RW
                     print(f"{model} {ids} {sharding}: neocfg (cycled) / TorchRec DMP {c['ratio_cycled']:.2f}x, "
                           f"neocfg (stream) / TorchRec {c['ratio_stream']:.2f}x (target >= {target}x)",
                           file=sys.stderr)
                     cases.append(c)
     if a.results:
-        record_results(WHOLE_RUN_SECTION, whole_run_markdown(cases, a))
+        record_results(WHOLE_RUN_SECTION, whole_run_markdown(cases, a.repeats))
     emit({"bench": "neocfg_vs_torchrec_whole_runs", "world": WORLD, "batch_per_rank": a.batch,
           "steps": a.whole_steps, "repeats": a.repeats, "cycled_batches": BENCH_BATCHES, "cases": cases}, a.out)
+
+
+def record_whole_runs(files: list[str]) -> None:
+    """--record-from: the whole-run table from the --out files of several invocations, cases in the order given."""
+    cases, repeats = [], set()
+    for f in files:
+        got = json.loads(Path(f).read_text())
+        if got.get("bench") != "neocfg_vs_torchrec_whole_runs":
+            raise SystemExit(f"bench_vs_torchrec: --record-from {f}: not a --whole-run --out file")
+        repeats.add(got["repeats"])
+        cases += [{"steps": got["steps"], "batch_per_rank": got["batch_per_rank"], **c} for c in got["cases"]]
+    if len(repeats) != 1:
+        raise SystemExit(f"bench_vs_torchrec: --record-from: the files ran different --repeats ({sorted(repeats)})")
+    record_results(WHOLE_RUN_SECTION, whole_run_markdown(cases, repeats.pop()))
 
 
 def main() -> None:
@@ -398,8 +433,12 @@ def main() -> None:
     ap.add_argument("--sharding", default="table_wise,row_wise", help="whole runs: sharding types")
     ap.add_argument("--whole-steps", type=int, default=80, help="whole runs: steps per run")
     ap.add_argument("--results", action="store_true", help="whole runs: write the table into bench/RESULTS.md")
+    ap.add_argument("--record-from", nargs="+", metavar="JSON",
+                    help="whole runs: write the table into bench/RESULTS.md from these --out files")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.record_from:
+        return record_whole_runs(a.record_from)
     ensure_torchrec()
     if a.whole_run:
         a.repeats = a.repeats or 2
