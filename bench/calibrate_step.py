@@ -18,9 +18,10 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
   dense (the dense lap)                            = kernel_overhead_us x kernels + train FLOPs / (peak x mfu)
                                                      + dense_activation_passes x activation bytes / stream bandwidth
                                                      + DDP's exposed all-reduce (runs that sync by DDP; reported)
-  the output exchange (comm_fwd + comm_bwd, per rank, less its kernels as priced)
-                                                   = 2 x collective_latency_us + bytes / (the link's rate, then
-                                                     exchange_copy_gbs for the host copies around it)
+  the output exchange (comm_fwd + comm_bwd, per rank, less its kernels as priced; runs whose all-to-all travels
+  behind the bottom MLP left out)                  = all-to-alls x collective_latency_us + reduce-scatters and
+                                                     all-gathers x reduce_scatter_latency_us + bytes / (the link's
+                                                     rate, then exchange_copy_gbs for the host copies around it)
 
     .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
     .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json]
@@ -47,14 +48,16 @@ from neocfg.plan import Plan  # noqa: E402
 from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, ddp_allreduce_ms,  # noqa: E402
                                   dense_activations, dense_cost, dense_flops_and_params, dense_layers, rider_bytes,
                                   zipf_hit_rate)
-from neocfg.sharding import SCHEMES  # noqa: E402
+from neocfg.sharding import SCHEMES, embedding_collectives, gather_collectives  # noqa: E402
 from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
 
 DIM = 16
 DDP, EXCHANGE = "train.dense_grad_sync=ddp", "train.dense_grad_sync=exchange"
 # Latencies of one DDP bucket all-reduce tried by the dense fit, microseconds (gloo's small all-reduce alone on a
-# quiet box takes ~110 us; a collective waiting for a late peer in a step ~1.35 ms).
-DDP_LATENCY_US = (0.0, 50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1600.0)
+# quiet box takes ~110 us; a collective waiting for a late peer in a step ~1.35 ms, the data-parallel tables'
+# all-reduce in a step 3.4 ms: hardware.all_reduce_latency_us).
+DDP_LATENCY_US = (0.0, 50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1600.0, 2000.0, 2400.0, 2800.0,
+                  3200.0, 3600.0, 4000.0)
 # Sizes of a rank's processor cache tried by the compute fit, MiB (the per-rank share of an L3 of a few to tens of MiB).
 CACHE_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
@@ -167,13 +170,22 @@ def features(run: dict) -> dict:
     backward = dense_cost(cfg).perf.bwd_compute
     # DDP's exposed all-reduce (priced after the backward as the preset prices it) at each latency tried
     ddp = {us: ddp_allreduce_ms(cfg, backward, us) if sync is DenseGradSync.ddp else 0.0 for us in DDP_LATENCY_US}
+    # the output exchange's collectives by kind (ids none: counted apart), and whether its all-to-all travels behind
+    # the bottom MLP (the plan's strategy; runs of a runtime before it was one: DDP-synced with an all-to-all)
+    shardings = {tp.sharding for tp in plan.tables}
+    outputs = embedding_collectives(shardings, 0, world, cfg.hardware.devices_per_node)
+    gathers = gather_collectives(shardings, world, cfg.hardware.devices_per_node)
+    overlap = getattr(plan.strategies, "output_overlap", None)
+    if overlap is None:
+        overlap = sync is DenseGradSync.ddp and outputs > gathers
     return {"ranks": [{**r, "groups": len(r["groups"])} for r in ranks], "batch": b, "world": world,
             "weights": sum(t.num_embeddings * t.embedding_dim * FP32 for t in cfg.model.tables),
             "bags": b * len(cfg.model.tables), "ids": b * sum(t.pooling_factor for t in cfg.model.tables),
             "prefetch_ids": plan.strategies.ids_exchange is IdsExchange.prefetch,
             "kernels": c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels,
             "train_flops": flops * b * TRAIN_FLOPS_PER_FWD, "act_bytes": dense_activations(cfg.model) * FP32 * b,
-            "ddp": ddp, "riders": rider_bytes(cfg, sync), "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
+            "ddp": ddp, "riders": rider_bytes(cfg, sync), "a2a_collectives": outputs - gathers,
+            "gather_collectives": gathers, "overlap": bool(overlap), "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
             "exchange_ms_per_byte": cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte,
             "link_ms_per_byte": cost.a2a_ms_per_byte(),
             "shard_overhead_ms": c.shard_overhead_us / 1e3 * (1 + c.bwd_compute_multiplier),
@@ -304,21 +316,27 @@ def fit(runs: list[dict]) -> dict:
     out |= {"device.kernel_overhead_us": k * 1e3, "dense_tflops": 1 / per_flop / 1e9,
             "planner.costs.dense_activation_passes": per_act * any_f["stream_gbs"] * 1e6, "ddp_latency_us": ddp_us}
     # a collective inside a step and the exchange's host copies per byte: the output exchange's two collectives
-    # (forward outputs, backward gradients: comm_fwd + comm_bwd per rank, less their kernels as priced) fitted to
-    # 2 collectives + their bytes (the bytes the cost model prices, recovered from its time at its rate per byte, and
-    # the dense gradients riding in the backward all-to-all where the plan folds them)
+    # (forward outputs, backward gradients: comm_fwd + comm_bwd per rank, less their kernels as priced) fitted to its
+    # all-to-alls and its reduce-scatters and all-gathers (each kind a latency of its own) + their bytes (the bytes
+    # the cost model prices, recovered from its time at its rate per byte, and the dense gradients riding in the
+    # backward all-to-all where the plan folds them); runs whose all-to-all travels behind the bottom MLP (their laps
+    # hold only what it leaves exposed) are left out
     rows, ys, names = [], [], []
     for r in runs:
         f = feats[r["name"]]
+        if f["overlap"]:
+            continue
         for rank, laps in zip(f["ranks"], r["per_rank"]):
             if rank["pieces"]:
-                rows.append([2.0, rank["out_ms"] / f["exchange_ms_per_byte"] + f["riders"]])
+                rows.append([f["a2a_collectives"], f["gather_collectives"],
+                             rank["out_ms"] / f["exchange_ms_per_byte"] + f["riders"]])
                 ys.append(laps["comm_fwd"] + laps["comm_bwd"] - f["exchange_kernels_ms"])
                 names.append(r["name"])
-    alpha, per_byte = _fit(rows, ys)
+    alpha, gather, per_byte = _fit(rows, ys)
     for n, x, y in zip(names, rows, ys):
-        check("exchange", n, y, alpha * x[0] + per_byte * x[1])
+        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2])
     out["collective_latency_us"] = alpha * 1e3
+    out["reduce_scatter_latency_us"] = gather * 1e3
     copy = per_byte - any_f["link_ms_per_byte"]
     out["device.exchange_copy_gbs"] = 1 / copy / 1e6 if copy > 0 else None
     return {"preset": {key: v if v is None else round(v, 3) for key, v in out.items()}, "measured/fitted": ratios}

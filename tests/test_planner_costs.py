@@ -242,6 +242,24 @@ def test_embedding_overhead_hand_computed():
     assert timed.embedding_overhead_ms([S.table_wise], 3).fwd_compute == approx(3 * 0.25 / 2)
 
 
+def test_reduce_scatter_and_all_gather_latency():
+    """The exchange's reduce-scatters and all-gathers (row-wise outputs and their gradients, the two-level exchange's
+    node collectives) cost hardware.reduce_scatter_latency_us each where the preset measures it, the all-to-alls
+    collective_latency_us; unset, every one collective_latency_us."""
+    S = ShardingType
+    unset = CostModel.from_config(round_cfg(TABLE, *OVERHEAD))
+    measured = CostModel.from_config(round_cfg(TABLE, *OVERHEAD, "hardware.reduce_scatter_latency_us=250"))
+    # pipelined ids: none of their collectives is in the step; outputs: 2 collectives per kind
+    assert unset.collectives_latency_ms([S.row_wise]) == approx(2 * 0.1)
+    assert measured.collectives_latency_ms([S.row_wise]) == approx(2 * 0.25)
+    assert measured.collectives_latency_ms([S.table_wise]) == approx(2 * 0.1)
+    # two-level: node reduce-scatter + all-gather, cross-node all-to-all out and back; with table-wise beside it
+    # (the world all-to-all's two)
+    assert measured.collectives_latency_ms([S.table_row_wise]) == approx(2 * 0.25 + 2 * 0.1)
+    assert measured.collectives_latency_ms([S.table_row_wise, S.table_wise, S.row_wise]) == approx(
+        4 * 0.25 + 4 * 0.1)
+
+
 def test_data_parallel_all_reduce_latency(table):
     """The data-parallel gradient all-reduce's fixed time: one collective's latency unless the preset measures it
     (cpu_local: hardware.all_reduce_latency_us, gloo's in-step all-reduce); in the fixed costs and in the DP terms

@@ -160,6 +160,10 @@ class HardwareConfig:
     # group, behind the dense backward), microseconds; unset: collective_latency_us. The ranks reach them together
     # (the same dense work since the last all-to-all): no wait for a late peer in it.
     ddp_latency_us: Optional[float] = None
+    # Fixed time of one reduce-scatter or all-gather of the embedding exchange in a training step (the row-wise
+    # outputs' partial sums and their gradients, the two-level exchange's node collectives), microseconds; unset:
+    # collective_latency_us. cpu_local: measured (bench/calibrate_step.py fits it beside the all-to-all's).
+    reduce_scatter_latency_us: Optional[float] = None
 
     @property
     def num_devices(self) -> int:
@@ -183,5 +187,7 @@ class HardwareConfig:
             checks.non_negative(f"{key}.all_reduce_latency_us", self.all_reduce_latency_us)
         if self.ddp_latency_us is not None:
             checks.non_negative(f"{key}.ddp_latency_us", self.ddp_latency_us)
+        if self.reduce_scatter_latency_us is not None:
+            checks.non_negative(f"{key}.reduce_scatter_latency_us", self.reduce_scatter_latency_us)
         if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
             raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

@@ -355,8 +355,8 @@ def stand_in_kernels(search_space: Sequence[ShardingOption]) -> StandIns:
 
 # neocfg's per-step fixed costs (collective latencies, kernel launches, id routing, each TBE call's fixed time), absent
 # from TorchRec's rating.
-_FIXED_TERMS = ("collective_latency_ms", "all_reduce_latency_ms", "kernel_overhead_ms", "routing_ms_per_step",
-                "routing_ms_per_id", "tbe_ms_per_group", "rider_bytes")
+_FIXED_TERMS = ("collective_latency_ms", "reduce_scatter_latency_ms", "all_reduce_latency_ms", "kernel_overhead_ms",
+                "routing_ms_per_step", "routing_ms_per_id", "tbe_ms_per_group", "rider_bytes")
 _Key = tuple[str, str, str, int]   # table, sharding type, compute kernel, column slices (0 when not sliced)
 
 

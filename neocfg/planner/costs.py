@@ -16,7 +16,8 @@ Comm     the records a piece adds to the step's collectives (its Scheme's piece_
          node, then 1/P of the data across nodes). All divided by `comm_efficiency`. Ids travel in the id dtype the
          plan's strategies will choose (planned_id_dtype), with their lengths (or bag codes).
 Overhead fixed costs the byte and FLOP terms miss, which dominate small models and CPU ranks: every collective
-         costs hardware.collective_latency_us (alpha) on top of its bytes (beta); every kernel (op) costs
+         costs hardware.collective_latency_us (alpha) on top of its bytes (beta), the exchange's reduce-scatters and
+         all-gathers hardware.reduce_scatter_latency_us where given; every kernel (op) costs
          hardware.device.kernel_overhead_us. Counted per step from what the runtime issues: embedding collectives by
          the sharding types in the plan and the step's id exchange (`embedding_collectives`, step_id_collectives; the data-parallel gradient all-reduce at
          hardware.all_reduce_latency_us, `collectives_latency_ms`), the id routing (a constant number of ops per step,
@@ -51,7 +52,8 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.perf import Perf
 from neocfg.planner.strategies import dense_grad_sync, id_weights
 from neocfg.planner.types import Storage, Topology
-from neocfg.sharding import SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives
+from neocfg.sharding import (SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives,
+                             gather_collectives)
 from neocfg.sharding.collectives import (ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm, Traffic,
                                          ddp_bucket_bytes, encoding_for, id_collectives)
 from neocfg.tiers import TIERS
@@ -98,6 +100,12 @@ def all_reduce_latency_us(cfg: NeocfgConfig) -> float:
     (NCCL's small-message all-reduce is no slower than its all-to-all within a node)."""
     hw = cfg.hardware
     return hw.collective_latency_us if hw.all_reduce_latency_us is None else hw.all_reduce_latency_us
+
+
+def reduce_scatter_latency_us(cfg: NeocfgConfig) -> float:
+    """One reduce-scatter or all-gather of the embedding exchange: the preset's measurement, else one collective's."""
+    hw = cfg.hardware
+    return hw.collective_latency_us if hw.reduce_scatter_latency_us is None else hw.reduce_scatter_latency_us
 
 
 def ddp_latency_us(cfg: NeocfgConfig) -> float:
@@ -218,6 +226,8 @@ class CostModel:
     hbm_capacity: int         # usable bytes of device memory per device for embeddings
     host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
     collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
+    # ... of one of the exchange's reduce-scatters or all-gathers (None: collective_latency_ms)
+    reduce_scatter_latency_ms: Optional[float] = None
     all_reduce_latency_ms: float = 0.0   # ... of the data-parallel gradient all-reduce
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
     routing_ms_per_step: float = 0.0     # host time of the id routing per step (IdRouter: constant ops)
@@ -262,6 +272,7 @@ class CostModel:
             a2a_fwd_bytes=pl.a2a_fwd_dtype.bytes, a2a_bwd_bytes=pl.a2a_bwd_dtype.bytes,
             sparse_optimizer=cfg.train.sparse_optimizer, hbm_capacity=max(hbm, 0), host_capacity=host,
             collective_latency_ms=hw.collective_latency_us / 1e3,
+            reduce_scatter_latency_ms=reduce_scatter_latency_us(cfg) / 1e3,
             all_reduce_latency_ms=all_reduce_latency_us(cfg) / 1e3,
             kernel_overhead_ms=hw.device.kernel_overhead_us / 1e3,
             routing_ms_per_step=routing_us_per_step(cfg) / 1e3, routing_ms_per_id=hw.device.routing_ns_per_id / 1e6,
@@ -324,12 +335,20 @@ class CostModel:
     # ---- fixed per-step costs of the embedding part (the same on every device: all take part) ---------------
     def collectives_latency_ms(self, shardings: Iterable[ShardingType]) -> float:
         """The embedding collectives' fixed time per step: collective_latency_ms for each the plan's kinds issue
-        (`embedding_collectives`), but the data-parallel tables' all-reduce at all_reduce_latency_ms."""
+        (`embedding_collectives`), but reduce_scatter_latency_ms for its reduce-scatters and all-gathers
+        (`gather_collectives`) and all_reduce_latency_ms for the data-parallel tables' all-reduce."""
         shardings = set(shardings)
         replicated = {s for s in shardings if self.kind_of(s) is OutputKind.replicated}
-        alpha = embedding_collectives(shardings - replicated, self.exposed_id_collectives, self.topo.world,
-                                      self.topo.devices_per_node) * self.collective_latency_ms
+        world, per = self.topo.world, self.topo.devices_per_node
+        gathers = gather_collectives(shardings - replicated, world, per)
+        alpha = (embedding_collectives(shardings - replicated, self.exposed_id_collectives, world, per) - gathers) \
+            * self.collective_latency_ms + gathers * self.gather_latency_ms
         return alpha + (self.all_reduce_latency_ms if replicated else 0.0) + self.rider_ms(shardings)
+
+    @property
+    def gather_latency_ms(self) -> float:
+        """One of the exchange's reduce-scatters or all-gathers (reduce_scatter_latency_ms, else a collective's)."""
+        return self.collective_latency_ms if self.reduce_scatter_latency_ms is None else self.reduce_scatter_latency_ms
 
     def rider_ms(self, shardings: Iterable[ShardingType]) -> float:
         """The dense gradients riding in the backward all-to-all (world x their fp32 bytes each way, with the

@@ -16,8 +16,8 @@ from typing import Iterable
 
 from neocfg.sharding.base import (FBGEMM_DIM_ALIGN, CostTerms, OutputKind, PieceShape, Routing, Scheme, Spread,
                                   ceil_div, column_slices, row_block, row_ranges)
-from neocfg.sharding.collectives import id_collectives, output_collectives
-from neocfg.types import ShardingType
+from neocfg.sharding.collectives import id_collectives, output_collective_kinds, output_collectives
+from neocfg.types import CollectiveKind, ShardingType
 
 
 def discover(package: str = __name__) -> dict[ShardingType, Scheme]:
@@ -43,6 +43,9 @@ SCHEMES: dict[ShardingType, Scheme] = discover()
 # Collectives per step of each output kind (forward + backward), from the records its pieces add
 # (neocfg.sharding.collectives): all tables of a kind share them.
 OUTPUT_COLLECTIVES = {kind: output_collectives(kind.value) for kind in OutputKind}
+# ... of them the reduce-scatters and all-gathers (priced at hardware.reduce_scatter_latency_us where it is given).
+GATHER_COLLECTIVES = {kind: sum(k in (CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
+                                for k in output_collective_kinds(kind.value)) for kind in OutputKind}
 # Id collectives of the unpipelined step (the counts, then the payload): collectives.id_collectives.
 IDS_COLLECTIVES = id_collectives(pipeline=False, ahead=False)
 
@@ -53,10 +56,19 @@ def embedding_collectives(shardings: Iterable[ShardingType], ids: int = IDS_COLL
     runtime batches all tables of an output kind into one collective, so the count depends on the kinds present,
     not on the number of tables). With a topology (world > 0), each type's kind as placed on it
     (Scheme.planned_kind), else its own."""
-    kinds = {SCHEMES[s].planned_kind(world, devices_per_node) if world else SCHEMES[s].kind for s in shardings}
-    return ids + sum(OUTPUT_COLLECTIVES[k] for k in kinds)
+    return ids + sum(OUTPUT_COLLECTIVES[k] for k in _output_kinds(shardings, world, devices_per_node))
+
+
+def gather_collectives(shardings: Iterable[ShardingType], world: int = 0, devices_per_node: int = 0) -> int:
+    """How many of embedding_collectives' output collectives are reduce-scatters or all-gathers."""
+    return sum(GATHER_COLLECTIVES[k] for k in _output_kinds(shardings, world, devices_per_node))
+
+
+def _output_kinds(shardings: Iterable[ShardingType], world: int, devices_per_node: int) -> set[OutputKind]:
+    """The output kinds of these types, each as placed on the topology (Scheme.planned_kind) when one is given."""
+    return {SCHEMES[s].planned_kind(world, devices_per_node) if world else SCHEMES[s].kind for s in shardings}
 
 
 __all__ = ["SCHEMES", "Scheme", "OutputKind", "Routing", "Spread", "PieceShape", "CostTerms", "IDS_COLLECTIVES",
-           "OUTPUT_COLLECTIVES", "FBGEMM_DIM_ALIGN", "embedding_collectives", "row_ranges", "row_block",
-           "column_slices", "ceil_div", "discover"]
+           "OUTPUT_COLLECTIVES", "GATHER_COLLECTIVES", "FBGEMM_DIM_ALIGN", "embedding_collectives",
+           "gather_collectives", "row_ranges", "row_block", "column_slices", "ceil_div", "discover"]

@@ -152,11 +152,16 @@ OUTPUTS = {"all_to_all": all_to_all_outputs, "reduce_scatter": reduce_scatter_ou
 _PROBE = Traffic(batch_size=1, world=1, devices_per_node=1, id_bytes=4, fwd_bytes=4, bwd_bytes=4)
 
 
-def output_collectives(kind_name: str) -> int:
-    """Collectives per step the pieces of an output kind add (all pieces of a kind share them): the number of
-    distinct collectives its records name (all_to_all 2, reduce_scatter 2, hierarchical 4, replicated 1)."""
+def output_collective_kinds(kind_name: str) -> tuple[CollectiveKind, ...]:
+    """The collectives per step the pieces of an output kind add (all pieces of a kind share them), by kind: one per
+    distinct collective its records name (all_to_all 2, reduce_scatter 2, hierarchical 4, replicated 1)."""
     records = OUTPUTS[kind_name](_PROBE, 1) if kind_name in OUTPUTS else replica_grads(1.0)
-    return len({(r.kind, r.group, r.carries) for r in records})
+    return tuple(k for k, _, _ in dict.fromkeys((r.kind, r.group, r.carries) for r in records))
+
+
+def output_collectives(kind_name: str) -> int:
+    """Collectives per step the pieces of an output kind add (output_collective_kinds)."""
+    return len(output_collective_kinds(kind_name))
 
 
 def id_collectives(pipeline: bool, ahead: bool, weighted: bool = False) -> int:
