@@ -401,8 +401,9 @@ def whole_run(a) -> None:
           "steps": a.whole_steps, "repeats": a.repeats, "cycled_batches": BENCH_BATCHES, "cases": cases}, a.out)
 
 
-def record_whole_runs(files: list[str]) -> None:
-    """--record-from: the whole-run table from the --out files of several invocations, cases in the order given."""
+def record_whole_runs(files: list[str], note: str = "") -> None:
+    """--record-from: the whole-run table from the --out files of several invocations, cases in the order given;
+    note: a paragraph said before the tables (e.g. how loaded the machine was)."""
     cases, repeats = [], set()
     for f in files:
         got = json.loads(Path(f).read_text())
@@ -412,7 +413,9 @@ def record_whole_runs(files: list[str]) -> None:
         cases += [{"steps": got["steps"], "batch_per_rank": got["batch_per_rank"], **c} for c in got["cases"]]
     if len(repeats) != 1:
         raise SystemExit(f"bench_vs_torchrec: --record-from: the files ran different --repeats ({sorted(repeats)})")
-    record_results(WHOLE_RUN_SECTION, whole_run_markdown(cases, repeats.pop()))
+    how = (f"Each file is one invocation (`--whole-run --models M --ids I --sharding S --whole-steps N --out FILE`, "
+           f"one case each, under the CPU lock), recorded together by `--record-from`.\n\n")
+    record_results(WHOLE_RUN_SECTION, how + (f"{note}\n\n" if note else "") + whole_run_markdown(cases, repeats.pop()))
 
 
 def main() -> None:
@@ -435,10 +438,11 @@ def main() -> None:
     ap.add_argument("--results", action="store_true", help="whole runs: write the table into bench/RESULTS.md")
     ap.add_argument("--record-from", nargs="+", metavar="JSON",
                     help="whole runs: write the table into bench/RESULTS.md from these --out files")
+    ap.add_argument("--note", default="", help="with --record-from: a paragraph said before the tables")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.record_from:
-        return record_whole_runs(a.record_from)
+        return record_whole_runs(a.record_from, a.note)
     ensure_torchrec()
     if a.whole_run:
         a.repeats = a.repeats or 2

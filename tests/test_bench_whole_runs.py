@@ -35,13 +35,14 @@ def test_record_from_merges_the_cases_of_several_files_in_order(tmp_path, monkey
     bench = _bench()
     recorded = []
     monkeypatch.setattr(bench, "record_results", lambda section, body: recorded.append((section, body)))
+    note = "Recorded beside other work."
     a = _out(tmp_path, "a.json", "criteo", "table_wise", 400,
              {"neocfg_cycled": [30000, 36000], "neocfg_stream": [31000, 29000], "torchrec": [27000, 24000]})
     b = _out(tmp_path, "b.json", "tiny8", "row_wise", 800,
              {"neocfg_cycled": [100000, 90000], "neocfg_stream": [95000, 99000], "torchrec": [80000, 85000]})
-    bench.record_whole_runs([a, b])
+    bench.record_whole_runs([a, b], note)
     (section, body), = recorded
-    assert section == bench.WHOLE_RUN_SECTION
+    assert section == bench.WHOLE_RUN_SECTION and note in body
     assert "criteo 400, tiny8 800 steps per run" in body and "best of 2" in body
     rows = [line for line in body.splitlines() if line.startswith("| criteo") or line.startswith("| tiny8")]
     assert rows[0] == "| criteo | uniform | table_wise | 36,000 | 31,000 | 27,000 | 1.33x | 1.15x | >= 1.3x |"
