@@ -348,11 +348,14 @@ WHOLE_RUN_SECTION = "Whole runs against TorchRec"
 
 
 def _steps_text(cases: list[dict]) -> str:
-    """The runs' steps per model, e.g. `500` or `tiny8 1,000, criteo 500`."""
-    by_model = {c["model"]: c["steps"] for c in cases}
-    if len(set(by_model.values())) == 1:
-        return f"{next(iter(by_model.values())):,}"
-    return ", ".join(f"{m} {n:,}" for m, n in by_model.items())
+    """The runs' steps, e.g. `500` or `tiny8 1,000, criteo table_wise 500, criteo row_wise 200`."""
+    if len({c["steps"] for c in cases}) == 1:
+        return f"{cases[0]['steps']:,}"
+    by_model: dict[str, dict[str, int]] = {}
+    for c in cases:
+        by_model.setdefault(c["model"], {})[c["sharding"]] = c["steps"]
+    return ", ".join(f"{m} {next(iter(s.values())):,}" if len(set(s.values())) == 1
+                     else ", ".join(f"{m} {k} {n:,}" for k, n in s.items()) for m, s in by_model.items())
 
 
 def whole_run_markdown(cases: list[dict], repeats: int) -> str:
