@@ -332,22 +332,20 @@ class RayPool:
         try:
             ray.get(ref)
         except RayError as exc:  # it died with no split (a split it got since is requeued by the loop)
-            self._waiting.pop(wid, None)
             self._forget(wid)
             return [PoolEvent(EventKind.gone, wid, message=f"{_reason(exc)} (found by the idle check)")]
         self._heard[wid] = time.monotonic()
         return []
 
-    def _forget(self, wid: int) -> None:
-        self.handles.pop(wid, None)
-        self._pings.pop(wid, None)
-        self._heard.pop(wid, None)
-
-    def kill(self, wid: int) -> None:
+    def _forget(self, wid: int) -> Any:
+        """Drop everything the pool keeps of a worker; its handle (None if it had none)."""
         self._waiting.pop(wid, None)
         self._pings.pop(wid, None)
         self._heard.pop(wid, None)
-        handle = self.handles.pop(wid, None)
+        return self.handles.pop(wid, None)
+
+    def kill(self, wid: int) -> None:
+        handle = self._forget(wid)
         if handle is not None:
             ray.kill(handle, no_restart=True)
 
