@@ -156,3 +156,50 @@ def test_cpu_laps_leave_out_the_prefetch_threads_cpu_time():
     a = unwatched.now()
     unwatched.span_step(a, unwatched.now())
     assert unwatched.times.prefetch == 0.0 and not unwatched.watching
+
+
+@pytest.fixture
+def one_rank_gloo():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+# How long the test's DDP hook holds each bucket's all-reduce back, seconds: far above a dlrm_tiny step's laps, even
+# on a loaded 2-core machine (where a lap of 1 ms now and then takes 100-400).
+DDP_DELAY_S = 1.0
+
+
+def test_ddps_wait_at_the_end_of_backward_is_dense_not_embedding_backward(one_rank_gloo):
+    """The emb_bwd lap ends when the last fused TBE has run its backward, not when backward() returns: what
+    backward() then waits for (DDP's last all-reduces, here held back by a hook) stays in the dense lap, where the
+    estimate prices it (costs.ddp_exposed_ms)."""
+    import threading
+
+    from neocfg.data.source import SyntheticSource
+    from neocfg.data.synthetic import SyntheticData
+    from neocfg.planner.strategies import with_strategies
+    from neocfg.runtime.plans import rule_plan
+    from neocfg.runtime.train import Trainer
+    from neocfg.types import ShardingType
+
+    b = 8
+    cfg = compose_cfg(["model=dlrm_tiny", f"train.batch_size={b}", "train.steps=6", "train.dense_grad_sync=ddp",
+                       "train.output_overlap=wait"])
+    plan = rule_plan(cfg.model, world=1, devices_per_node=1, batch_size=b, sharding=ShardingType.table_wise)
+    source = SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, b, cycle=3)
+    trainer = Trainer(cfg, with_strategies(cfg, plan, source_prefetches=False), None, torch.device("cpu"),
+                      source=source)
+
+    def late(_state, bucket):   # one rank: the all-reduced bucket is the bucket, DDP_DELAY_S later, from a thread
+        fut = torch.futures.Future()
+        threading.Timer(DDP_DELAY_S, fut.set_result, args=(bucket.buffer(),)).start()
+        return fut
+
+    trainer.model.register_comm_hook(None, late)
+    trainer.train_step()
+    _, t = trainer.train_step()
+    assert 0 < t.emb_bwd < 1e3 * DDP_DELAY_S / 2, t
+    assert t.dense > 1e3 * DDP_DELAY_S * 0.9, t

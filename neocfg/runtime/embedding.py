@@ -145,6 +145,9 @@ class ShardedEmbeddings(nn.Module):
             weights = lookups.weights or [None] * len(self.tbes)   # per-id weights: fbgemm's per_sample_weights
             outs = [tbe(idx, off, per_sample_weights=w) for tbe, (idx, off), w in zip(self.tbes, lookups.per_group,
                                                                                        weights)]
+            for out in outs:   # the emb_bwd lap ends when the last TBE's backward has run (Stopwatch)
+                if out.grad_fn is not None:
+                    out.grad_fn.register_hook(sw.note_lookup_done)
             if outs:
                 pooled = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
             else:  # no shard here: still take part in every collective, backward included

@@ -93,8 +93,10 @@ class Stopwatch:
         self.sync = device.type == "cuda" and profile
         self._pending: list[_Pending] = []
         self.times = StepTimes()
-        # When the pooled-output gradient reached the fused TBEs in the last backward (set by the embeddings).
+        # When the pooled-output gradient reached the fused TBEs in the last backward, and when the last of them
+        # finished its backward (the fused update included; set by the embeddings).
         self.grad_arrival: Optional[Mark] = None
+        self.lookups_done: Optional[Mark] = None
         self.host = device.type == "cpu"
         self._helper_clock: Optional[int] = None
 
@@ -122,6 +124,12 @@ class Stopwatch:
     def note_grad_arrival(self) -> None:
         """The pooled-output gradient reached the fused TBEs (BackwardMark's note, in the embeddings' backward)."""
         self.grad_arrival = self.now()
+
+    def note_lookup_done(self, *_grads) -> None:
+        """A fused TBE's backward (and its fused update) finished: a post-hook of its autograd node. The last call of
+        a backward ends the emb_bwd lap, before whatever the backward call waits for after it (DDP's last
+        all-reduces)."""
+        self.lookups_done = self.now()
 
     def now(self) -> Mark:
         if self.events:

@@ -258,17 +258,18 @@ class Trainer:
             self.dense_grads.zero()
         else:
             self.opt.zero_grad(set_to_none=True)
-        sw.grad_arrival = None
+        sw.grad_arrival = sw.lookups_done = None
         loss.backward()
         if folded:
             pooled.backward(dense_in.grad)
         t_end_bwd = sw.now()
         self.opt.step()
         t_end = sw.now()
-        # The TBEs' backward (with the fused update) starts when the pooled-output gradient reaches them and, with
-        # the bottom MLP's backward possibly interleaved, ends with backward.
+        # The TBEs' backward (with the fused update) starts when the pooled-output gradient reaches them and ends
+        # when the last of them has run (not at the end of backward(), which also waits for DDP's last all-reduces:
+        # those stay in the dense lap, where the estimate prices them); no TBE on this rank: none.
         if sw.grad_arrival is not None:
-            sw.span("emb_bwd", sw.grad_arrival, t_end_bwd)
+            sw.span("emb_bwd", sw.grad_arrival, sw.lookups_done if sw.lookups_done is not None else sw.grad_arrival)
         # Dense: forward, backward (with DDP's all-reduce) and the optimizer step, less what the embeddings took
         # (folded: the dense gradients' averaging is in comm_bwd; the replicas' backward runs inside it too, before
         # the exchange's).
