@@ -282,14 +282,16 @@ FLOPS_ONLY = ["hardware.device.kernel_overhead_us=0", "planner.costs.dense_activ
               "train.dense_precision=fp32"]
 
 
-@pytest.mark.parametrize("bottom", ["long", "none", "half"])
-def test_the_bottom_mlp_hides_the_outputs_all_to_all(bottom):
+@pytest.mark.parametrize("bottom,eff", [("long", 1.0), ("none", 1.0), ("half", 1.0), ("long", 0.5), ("long", 0.0)])
+def test_the_bottom_mlp_hides_the_outputs_all_to_all(bottom, eff):
     """output_overlap: the outputs' all-to-all (and its gradients') runs while the bottom MLP computes, so a rank's
     comm in the estimate is what the bottom MLP does not cover: all of the link's part behind a bottom MLP that takes
     far longer (long), none behind one that takes no time (none), and behind one whose forward FLOPs take half the
-    forward all-to-all, exactly those FLOPs' time forward and twice it backward (half). The step is shorter by it."""
+    forward all-to-all, exactly those FLOPs' time forward and twice it backward (half). The step is shorter by it.
+    hardware.output_overlap_efficiency scales what can hide: half of the link's part at 0.5, none at 0 (cpu_local's
+    own value)."""
     base = ["model=dlrm_tiny", "hardware=cpu_local", f"train.batch_size={BATCH}", "train.dense_grad_sync=ddp",
-            "train.ids_exchange=step"]
+            "train.ids_exchange=step", f"hardware.output_overlap_efficiency={eff}"]
     mfu = {"long": 1e-7, "none": 1.0, "half": None}[bottom]
     extra = ["hardware.device.peak_tflops=1000000000"] if bottom == "none" else []
     cfg = compose_cfg(base + FLOPS_ONLY + extra + [f"hardware.device.dense_mfu={mfu or 1.0}"])
@@ -310,10 +312,22 @@ def test_the_bottom_mlp_hides_the_outputs_all_to_all(bottom):
     fwd_flops_ms = flops / (cfg.hardware.device.peak_tflops * 1e12 * mfu) * 1e3
     for r, (was, now) in enumerate(zip(off.devices, on.devices)):
         fwd, bwd = beside[r]
-        hidden = {"long": fwd + bwd, "none": 0.0, "half": fwd_flops_ms + min(bwd, 2 * fwd_flops_ms)}[bottom]
+        hidden = {"long": eff * (fwd + bwd), "none": 0.0, "half": fwd_flops_ms + min(bwd, 2 * fwd_flops_ms)}[bottom]
         assert fwd > 0 and bwd > 0, r
         assert was.comm_ms - now.comm_ms == pytest.approx(hidden, rel=1e-6, abs=1e-9), (r, fwd, bwd)
         assert now.compute_ms == pytest.approx(was.compute_ms, rel=1e-12)
         assert was.total_ms - now.total_ms == pytest.approx(hidden, rel=1e-6, abs=1e-9), r
     assert on.estimate.step_ms == pytest.approx(max(d.total_ms for d in on.devices), rel=1e-12)
-    assert on.estimate.step_ms < off.estimate.step_ms or bottom == "none"
+    assert on.estimate.step_ms < off.estimate.step_ms or bottom == "none" or eff == 0
+
+
+def test_cpu_local_hides_nothing_behind_the_bottom_mlp():
+    """cpu_local's output_overlap_efficiency is 0 (gloo's thread shares the rank's core: no gain measured), so a plan
+    that overlaps the outputs' all-to-all with the bottom MLP is estimated as one that waits for it."""
+    cfg = compose_cfg(["model=dlrm_tiny", "hardware=cpu_local", f"train.batch_size={BATCH}",
+                       "train.dense_grad_sync=ddp", "train.ids_exchange=step"])
+    assert cfg.hardware.output_overlap_efficiency == 0
+    tables = {t.name: s for t, s in zip(cfg.model.tables, MIX)}
+    on, off = _rated(cfg, tables, True), _rated(cfg, tables, False)
+    assert on.estimate.output_hidden_ms == 0
+    assert [d.total_ms for d in on.devices] == pytest.approx([d.total_ms for d in off.devices], rel=1e-12)

@@ -102,6 +102,8 @@ def test_model_with_only_name_and_tables_is_valid(tmp_path):
     ("model.bottom_mlp=[64,32,8]", "model.bottom_mlp"),
     ("planner.cache_ratio=0", "planner.cache_ratio"),
     ("model.tables.0.ranks=[9]", "model.tables.0.ranks.0"),
+    ("hardware.output_overlap_efficiency=1.5", "hardware.output_overlap_efficiency"),
+    ("hardware.output_overlap_efficiency=-0.1", "hardware.output_overlap_efficiency"),
 ])
 def test_cross_field_checks_name_the_key(override, key):
     with pytest.raises(ConfigError) as err:
@@ -144,3 +146,11 @@ def test_the_template_hardware_preset_in_the_docs_validates(tmp_path):
     (tmp_path / "hardware" / "my_cluster.yaml").write_text(template)
     hw = compose_cfg(["hardware=my_cluster", f"hydra.searchpath=[file://{tmp_path}]"]).hardware
     assert hw.num_devices == 32 and hw.device.peak_tflops_tf32 == 495
+
+
+def test_output_overlap_efficiency_out_of_range_is_one_line():
+    with pytest.raises(ConfigError) as err:
+        compose_cfg(["hardware.output_overlap_efficiency=2"])
+    assert str(err.value).count("\n") == 0
+    assert "hardware.output_overlap_efficiency" in str(err.value) and "2" in str(err.value)
+    assert "[0.0, 1.0]" in str(err.value)

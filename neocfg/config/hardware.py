@@ -164,6 +164,11 @@ class HardwareConfig:
     # outputs' partial sums and their gradients, the two-level exchange's node collectives), microseconds; unset:
     # collective_latency_us. cpu_local: measured (bench/calibrate_step.py fits it beside the all-to-all's).
     reduce_scatter_latency_us: Optional[float] = None
+    # Share (0..1) of the pooled outputs' all-to-all (its latency + its bytes at the link rate, each way) that can run
+    # while the bottom MLP computes, where the plan sends it before that MLP (StepStrategies.output_overlap): the
+    # estimate and the solver take off min(this x (latency + wire time), the bottom MLP's compute). 1.0: the
+    # collective progresses on its own (NCCL: its own stream and SMs); 0: it progresses only when the rank waits.
+    output_overlap_efficiency: float = 1.0
 
     @property
     def num_devices(self) -> int:
@@ -189,5 +194,6 @@ class HardwareConfig:
             checks.non_negative(f"{key}.ddp_latency_us", self.ddp_latency_us)
         if self.reduce_scatter_latency_us is not None:
             checks.non_negative(f"{key}.reduce_scatter_latency_us", self.reduce_scatter_latency_us)
+        checks.in_range(f"{key}.output_overlap_efficiency", self.output_overlap_efficiency, 0.0, 1.0)
         if self.backend is Backend.nccl and self.device.kind is DeviceKind.cpu:
             raise ConfigError(f"{key}.backend", "nccl", "nccl needs hardware.device.kind=gpu; use gloo on CPU")

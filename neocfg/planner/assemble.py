@@ -156,9 +156,10 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
 def output_overlap_ms(cost: CostModel, placements: Sequence[Placement], shapes: Sequence[PieceShape],
                       tables: Sequence[TableConfig], bottom: Perf) -> list[Perf]:
     """Per device, the part of the pooled outputs' all-to-all (fwd_comm) and of its gradients' (bwd_comm) that runs
-    behind the bottom MLP's forward and backward (StepStrategies.output_overlap): the collective's latency and its
-    bytes at the link rate, up to the bottom MLP's compute (`bottom`, DenseCost.bottom). The exchange's host copies
-    run on the step's thread, before and after the collective: never hidden."""
+    behind the bottom MLP's forward and backward (StepStrategies.output_overlap): the share
+    hardware.output_overlap_efficiency of the collective's latency and its bytes at the link rate, up to the bottom
+    MLP's compute (`bottom`, DenseCost.bottom). The exchange's host copies run on the step's thread, before and after
+    the collective: never hidden."""
     wire = [[0.0, 0.0] for _ in range(cost.topo.world)]
     for p, shape in zip(placements, shapes):
         table = tables[p.option.table_index]
@@ -170,8 +171,9 @@ def output_overlap_ms(cost: CostModel, placements: Sequence[Placement], shapes: 
             for r in p.ranks:
                 wire[r][pc.carries is Carries.output_grads] += ms
     # every rank takes part in each of the two all-to-alls, pieces or not
-    alpha = cost.collective_latency_ms
-    return [Perf(fwd_comm=min(fwd + alpha, bottom.fwd_compute), bwd_comm=min(bwd + alpha, bottom.bwd_compute))
+    alpha, eff = cost.collective_latency_ms, cost.output_overlap_efficiency
+    return [Perf(fwd_comm=min(eff * (fwd + alpha), bottom.fwd_compute),
+                 bwd_comm=min(eff * (bwd + alpha), bottom.bwd_compute))
             for fwd, bwd in wire]
 
 

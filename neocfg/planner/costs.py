@@ -251,6 +251,8 @@ class CostModel:
     # exchanged in the prefetch thread): its bytes are not in the step, only the wait at its end (its latency)
     ids_overlapped: bool = False
     rider_bytes: int = 0                 # dense gradients riding in the backward all-to-all, per device (world x)
+    # Share of the outputs' all-to-all (latency + wire) the bottom MLP's compute can hide under output_overlap
+    output_overlap_efficiency: float = 1.0
     # The plan's routing encoding where it is known (a placed plan's StepStrategies.routing_encoding); None: before
     # placement, each row range's own rule (encoding_for its table's ranges and ids)
     routing_encoding: Optional[RoutingEncoding] = None
@@ -286,7 +288,8 @@ class CostModel:
                                if hw.device.cache_bandwidth_gbs else 0.0),
             id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg), id_weights=id_weights(cfg),
             ids_overlapped=step_ids_overlapped(cfg),
-            rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)))
+            rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)),
+            output_overlap_efficiency=hw.output_overlap_efficiency)
 
     @property
     def exposed_id_collectives(self) -> int:
