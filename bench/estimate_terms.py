@@ -54,6 +54,47 @@ DIM = 16
 DISTURBED_SHARE = 0.15
 
 
+# The machine's speed beside each run (two quiet runs of the small model once differed by a third in every lap): a
+# fixed workload timed just before the run, on one thread: PROBE_MATMULS products of PROBE_SIZE-square fp32 matrices
+# (compute), and PROBE_HANDOFFS round trips of a byte through a pipe to another process (the wake-up that each gloo
+# handoff of a small step waits for). Recorded beside the run, not used by the estimate.
+PROBE_SIZE, PROBE_MATMULS, PROBE_HANDOFFS = 256, 200, 400
+
+
+def _echo(conn) -> None:
+    while conn.recv_bytes() != b"":
+        conn.send_bytes(b"x")
+
+
+def probe() -> dict:
+    """{"matmul_ms": the products' time, "handoff_us": the median round trip}, measured now."""
+    import multiprocessing as mp
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    a = torch.randn(PROBE_SIZE, PROBE_SIZE)
+    a @ a
+    t = time.perf_counter()
+    for _ in range(PROBE_MATMULS):
+        a @ a
+    matmul_ms = (time.perf_counter() - t) * 1e3
+    torch.set_num_threads(threads)
+    ours, theirs = mp.get_context("fork").Pipe()
+    child = mp.get_context("fork").Process(target=_echo, args=(theirs,), daemon=True)
+    child.start()
+    trips = []
+    for _ in range(PROBE_HANDOFFS):
+        t = time.perf_counter()
+        ours.send_bytes(b"x")
+        ours.recv_bytes()
+        trips.append(time.perf_counter() - t)
+    ours.send_bytes(b"")
+    child.join()
+    return {"matmul_ms": matmul_ms, "handoff_us": sorted(trips)[len(trips) // 2] * 1e6}
+
+
 @dataclass(frozen=True)
 class Kind:
     name: str
@@ -155,6 +196,7 @@ class Measured:
     run_dir: Path
     others: float      # the share of the cores other processes took during the kept run
     repeated: int      # disturbed runs repeated before it
+    probe: dict        # the machine's speed just before it (probe())
 
 
 def train_undisturbed(kind: Kind, sharding: str, conf_dir: Path, out_dir: Path, extra: list[str],
@@ -163,6 +205,7 @@ def train_undisturbed(kind: Kind, sharding: str, conf_dir: Path, out_dir: Path, 
     the last run is kept either way, with its share."""
     for attempt in range(retries + 1):
         run_dir = out_dir.with_name(f"{out_dir.name}_{attempt}")
+        speed = probe()
         start = CpuClock.now()
         m = train(kind, sharding, conf_dir, run_dir, extra)
         others = CpuClock.now().others_since(start)
@@ -170,7 +213,7 @@ def train_undisturbed(kind: Kind, sharding: str, conf_dir: Path, out_dir: Path, 
             break
         print(f"{kind.name} {sharding}: disturbed (other processes took {100 * others:.0f} % of the cores)"
               + (", repeated" if attempt < retries else ""), file=sys.stderr, flush=True)
-    return Measured(m, run_dir, others, attempt)
+    return Measured(m, run_dir, others, attempt, speed)
 
 
 def verdict(predicted: float, measured: float, step: float, floor: float, tolerance: float) -> str:
@@ -236,13 +279,18 @@ def markdown(results: list[dict]) -> str:
              "where the term is at least the floor of the step (small: under it in every run; MISS: outside the "
              "tolerance):", "", summary(results), "",
              f"Each run's heading gives the share of the machine's cores other processes took while it ran (a run over "
-             f"{100 * DISTURBED_SHARE:.0f} % is repeated, up to --retries times, and says so).", "",
+             f"{100 * DISTURBED_SHARE:.0f} % is repeated, up to --retries times, and says so) and the machine's speed "
+             f"just before it (probe: {PROBE_MATMULS} products of {PROBE_SIZE}-square matrices on one thread, and the "
+             f"median round trip of a byte to another process).", "",
              "Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
              "ratio, the measured share of the step, and the verdict (ok: within the tolerance; small: under the "
              "floor in both):", ""]
     for r in results:
         beside = (f"; other processes {100 * r['others']:.0f} % of the cores"
                   + (f", after {r['repeated']} disturbed" if r.get("repeated") else "") if "others" in r else "")
+        if "probe" in r:
+            beside += (f"; machine probe: matmul {r['probe']['matmul_ms']:.0f} ms, handoff "
+                       f"{r['probe']['handoff_us']:.0f} us")
         lines += [f"**{r['kind']}, {r['sharding']}, run {r['run']}** ({r['steps']} steps{beside}; laps: {r['laps']})",
                   "",
                   "| term | predicted | measured | ratio | share | verdict |", "|---|---|---|---|---|---|"]
@@ -304,7 +352,7 @@ def main() -> None:
                     rows = rows_of(m, a.floor, a.tolerance)
                     # the plan and each rank's laps too: the run can be re-priced under other constants
                     results.append({"kind": kind.name, "sharding": sharding, "run": run, "steps": kind.steps,
-                                    "others": got.others, "repeated": got.repeated,
+                                    "others": got.others, "repeated": got.repeated, "probe": got.probe,
                                     "laps": laps(m), "terms": rows, "per_rank": m.breakdown_ms_per_rank,
                                     "measured_step_ms": m.measured_step_ms,
                                     "plan": json.loads((run_dir / "plan.json").read_text())})

@@ -77,3 +77,14 @@ def test_a_busy_process_beside_the_run_marks_it_disturbed():
     # the arithmetic: 3 s busy of which 1 s ours, 0.5 s stolen, over 2 s of wall on the machine's cores
     a, b = bench.CpuClock(10.0, 0.0, 1.0, 0.0), bench.CpuClock(13.0, 0.5, 2.0, 2.0)
     assert b.others_since(a) == (3.0 - 1.0 + 0.5) / (2.0 * (__import__("os").cpu_count() or 1))
+
+
+def test_each_run_heading_gives_the_machines_speed_just_before_it():
+    """probe() times a fixed workload (one-thread products, a round trip to another process); the run's heading in
+    the record shows it, so two runs of one kind that differ in every lap can be told apart by the machine."""
+    bench = _bench()
+    speed = bench.probe()
+    assert speed["matmul_ms"] > 0 and speed["handoff_us"] > 0
+    run = {**_run("small", "table_wise", 1, {"dense": (2.0, 2.0), "step": (5.0, 5.0)}), "others": 0.01,
+           "probe": {"matmul_ms": 41.2, "handoff_us": 9.6}}
+    assert "other processes 1 % of the cores; machine probe: matmul 41 ms, handoff 10 us" in bench.markdown([run])
