@@ -4,6 +4,8 @@ optimizer fused into its backward, fed by the id exchange and returning through 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 from typing import Optional, Union
 
 import torch
@@ -26,7 +28,7 @@ from neocfg.runtime.timing import BackwardMark
 # The output kinds EmbeddingExchange carries, in the order of its inputs (data-parallel replicas stay local).
 EXCHANGED = (OutputKind.all_to_all, OutputKind.reduce_scatter, OutputKind.hierarchical)
 from neocfg.tiers import TIERS
-from neocfg.types import CommDtype, SparseOptimizer, WeightsDtype
+from neocfg.types import CommDtype, MemoryTier, SparseOptimizer, WeightsDtype
 
 FUSED_OPTIMIZERS = {
     SparseOptimizer.exact_rowwise_adagrad: EmbOptimType.EXACT_ROWWISE_ADAGRAD,
@@ -38,18 +40,108 @@ WEIGHTS_PRECISION = {WeightsDtype.fp32: SparseType.FP32, WeightsDtype.fp16: Spar
 GPU_LOCATION = {tier: EmbeddingLocation[t.fbgemm_location] for tier, t in TIERS.items()}
 # fbgemm's default fraction of UVM rows cached in HBM, used when the plan gives none.
 DEFAULT_CACHE_LOAD_FACTOR = 0.2
-def make_tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainConfig, device: torch.device,
-             cache_ratio: float = 0.0) -> SplitTableBatchedEmbeddingBagsCodegen:
-    """One fused TBE over (rows, cols) shards; empty row ranges get one never-addressed row (fbgemm needs >= 1)."""
+# fbgemm's CPU backward applies row-wise Adagrad with a JIT kernel to every table that has one feature, and with its
+# generic loop (the same update) to a table that has several. On some CPUs the JIT kernel is far the slower: on an
+# Intel Xeon (AVX-512) it took ~600 ns per updated row (20,480 rows of dim 16: 12-17 ms, the generic loop 0.9 ms;
+# prod_856's tables x2.6, one rank: 474 -> 113 ms backward), where on the AMD EPYC bench/RESULTS.md records it was
+# the fast one. A twinned TBE gives each table a second, always empty feature so that the generic loop runs;
+# generic_update_faster() measures which is faster on this CPU, once per process and dim.
+TWIN_PROBE_ROWS = 4096     # rows updated per probe backward (the JIT kernel takes blocks of 64)
+TWIN_PROBE_REPEATS = 3     # the fastest of these backwards counts, for each kind
+
+
+def _tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainConfig, device: torch.device,
+         cache_ratio: float, twin: bool) -> SplitTableBatchedEmbeddingBagsCodegen:
     if device.type == "cuda":
         loc, compute = GPU_LOCATION[key.tier], ComputeDevice.CUDA
     else:
         loc, compute = EmbeddingLocation.HOST, ComputeDevice.CPU
-    return SplitTableBatchedEmbeddingBagsCodegen(
-        [(max(1, rows), cols, loc, compute) for rows, cols in shard_shapes],
-        optimizer=FUSED_OPTIMIZERS[train.sparse_optimizer], learning_rate=train.sparse_learning_rate,
-        weights_precision=WEIGHTS_PRECISION[key.dtype], stochastic_rounding=True, pooling_mode=PoolingMode.SUM,
-        cache_load_factor=cache_ratio or DEFAULT_CACHE_LOAD_FACTOR, device=device)
+    specs = [(max(1, rows), cols, loc, compute) for rows, cols in shard_shapes]
+    kw = dict(optimizer=FUSED_OPTIMIZERS[train.sparse_optimizer], learning_rate=train.sparse_learning_rate,
+              weights_precision=WEIGHTS_PRECISION[key.dtype], stochastic_rounding=True, pooling_mode=PoolingMode.SUM,
+              cache_load_factor=cache_ratio or DEFAULT_CACHE_LOAD_FACTOR, device=device)
+    return TwinnedTBE(specs, **kw) if twin else SplitTableBatchedEmbeddingBagsCodegen(specs, **kw)
+
+
+def make_tbe(shard_shapes: list[tuple[int, int]], key: GroupKey, train: TrainConfig, device: torch.device,
+             cache_ratio: float = 0.0, twin: Optional[bool] = None) -> SplitTableBatchedEmbeddingBagsCodegen:
+    """One fused TBE over (rows, cols) shards; empty row ranges get one never-addressed row (fbgemm needs >= 1).
+    twin: a TwinnedTBE (same lookups and update, fbgemm's generic row-wise Adagrad loop); None: where that loop is
+    the faster on this CPU (CPU ranks, fp32 row-wise Adagrad, generic_update_faster for every dim)."""
+    if twin is None:
+        twin = (device.type == "cpu" and train.sparse_optimizer is SparseOptimizer.exact_rowwise_adagrad
+                and key.dtype is WeightsDtype.fp32 and bool(shard_shapes)
+                and all(generic_update_faster(cols) for cols in {c for _, c in shard_shapes}))
+    return _tbe(shard_shapes, key, train, device, cache_ratio, twin)
+
+
+class TwinnedTBE(SplitTableBatchedEmbeddingBagsCodegen):
+    """fbgemm's TBE with every table given a second feature that never has an id (feature_table_map t, t for each
+    table): fbgemm's CPU backward then updates the rows with its generic loop instead of its row-wise Adagrad JIT
+    kernel. forward() takes and returns what the plain TBE does: the twins' empty bags are added to the offsets and
+    their (zero) columns dropped from the pooled output."""
+
+    def __init__(self, specs, **kw) -> None:
+        super().__init__(specs, feature_table_map=[t for t in range(len(specs)) for _ in range(2)], **kw)
+        self.n_tables = len(specs)
+        cols, at = [], 0
+        for spec in specs:
+            cols.append(torch.arange(at, at + spec[1]))
+            at += 2 * spec[1]
+        self.register_buffer("keep_cols", torch.cat(cols).to(kw["device"]), persistent=False)
+        self.twin_width = at
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights=None, **kw) -> torch.Tensor:
+        out = super().forward(indices, twin_offsets(offsets, self.n_tables), per_sample_weights, **kw)
+        return _DropTwins.apply(out, self.keep_cols)
+
+
+def twin_offsets(offsets: torch.Tensor, n_tables: int) -> torch.Tensor:
+    """fbgemm offsets of n_tables features (table-major, B bags each) with an empty feature after each: its B bags
+    all start where the feature's last bag ends."""
+    bags = (offsets.numel() - 1) // n_tables
+    starts = offsets[:-1].view(n_tables, 1, bags)
+    ends = offsets[1:].view(n_tables, bags)[:, -1:].view(n_tables, 1, 1).expand(n_tables, 1, bags)
+    return torch.cat([torch.cat([starts, ends], dim=1).reshape(-1), offsets[-1:]])
+
+
+class _DropTwins(torch.autograd.Function):
+    """The pooled columns of the real features; backward: their gradient, zeros in the twins' columns (never read:
+    the twins have no ids)."""
+
+    @staticmethod
+    def forward(ctx, pooled: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(keep)
+        ctx.width = pooled.shape[1]
+        return pooled.index_select(1, keep)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        keep, = ctx.saved_tensors
+        return grad.new_zeros(grad.shape[0], ctx.width).index_copy_(1, keep, grad), None
+
+
+@functools.lru_cache(maxsize=None)
+def generic_update_faster(dim: int) -> bool:
+    """Whether fbgemm's generic row-wise Adagrad loop (TwinnedTBE) beats its JIT kernel on this CPU, for tables of
+    `dim` columns: the fastest of TWIN_PROBE_REPEATS backwards of each over TWIN_PROBE_ROWS distinct rows."""
+    train = TrainConfig(sparse_optimizer=SparseOptimizer.exact_rowwise_adagrad)
+    ids = torch.randperm(TWIN_PROBE_ROWS, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    bags = TWIN_PROBE_ROWS // 64
+    offsets = torch.arange(0, TWIN_PROBE_ROWS + 1, 64, dtype=torch.int32)
+    best = {}
+    for twin in (False, True):
+        tbe = _tbe([(TWIN_PROBE_ROWS, dim)], GroupKey(WeightsDtype.fp32.value, MemoryTier.hbm.value), train, torch.device("cpu"),
+                   0.0, twin)
+        grad = torch.ones(bags, dim)
+        laps = []
+        for _ in range(TWIN_PROBE_REPEATS):
+            out = tbe(ids, offsets)
+            t0 = time.perf_counter()
+            out.backward(grad)
+            laps.append(time.perf_counter() - t0)
+        best[twin] = min(laps)
+    return best[True] < best[False]
 
 
 class ShardedEmbeddings(nn.Module):
