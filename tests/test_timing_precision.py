@@ -203,3 +203,30 @@ def test_ddps_wait_at_the_end_of_backward_is_dense_not_embedding_backward(one_ra
     _, t = trainer.train_step()
     assert 0 < t.emb_bwd < 1e3 * DDP_DELAY_S / 2, t
     assert t.dense > 1e3 * DDP_DELAY_S * 0.9, t
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_the_lookup_backward_note_comes_after_the_fused_update(twin):
+    """after_lookup_backward's note (the end of the emb_bwd lap) runs once fbgemm has updated the rows, for the plain
+    TBE and for TwinnedTBE (whose output is its lookup's, less the twins' columns), not when the gradient merely
+    reaches the module's output."""
+    from neocfg.config.train import TrainConfig
+    from neocfg.runtime.embedding import after_lookup_backward, make_tbe
+    from neocfg.runtime.layout import GroupKey
+    from neocfg.tiers import MemoryTier
+    from neocfg.types import SparseOptimizer, WeightsDtype
+
+    train = TrainConfig(sparse_optimizer=SparseOptimizer.exact_rowwise_adagrad, sparse_learning_rate=0.5)
+    tbe = make_tbe([(50, 8), (30, 4)], GroupKey(WeightsDtype.fp32.value, MemoryTier.hbm.value), train,
+                   torch.device("cpu"), twin=twin)
+    ids = torch.tensor([1, 7, 7, 3, 2, 9], dtype=torch.int32)
+    offsets = torch.tensor([0, 2, 3, 4, 6], dtype=torch.int32)   # 2 tables x 2 bags
+    before = [w.clone() for w in tbe.split_embedding_weights()]
+    out = tbe(ids, offsets)
+    seen = []
+    after_lookup_backward(out, lambda: seen.append([w.clone() for w in tbe.split_embedding_weights()]))
+    out.sum().backward()
+    after = tbe.split_embedding_weights()
+    assert len(seen) == 1
+    assert not torch.equal(after[0], before[0])                    # the update ran
+    assert all(torch.equal(s, a) for s, a in zip(seen[0], after))  # ... before the note

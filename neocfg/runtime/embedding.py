@@ -121,6 +121,16 @@ class _DropTwins(torch.autograd.Function):
         return grad.new_zeros(grad.shape[0], ctx.width).index_copy_(1, keep, grad), None
 
 
+def after_lookup_backward(pooled: torch.Tensor, note) -> None:
+    """Call note() once the fbgemm lookup that produced `pooled` (make_tbe's module's output) has run its backward,
+    its fused update included: a post-hook on the lookup's autograd node (under TwinnedTBE's column drop)."""
+    node = pooled.grad_fn
+    if isinstance(node, _DropTwins._backward_cls):
+        node = node.next_functions[0][0]
+    if node is not None:
+        node.register_hook(lambda *_: note())
+
+
 @functools.lru_cache(maxsize=None)
 def generic_update_faster(dim: int) -> bool:
     """Whether fbgemm's generic row-wise Adagrad loop (TwinnedTBE) beats its JIT kernel on this CPU, for tables of
@@ -238,8 +248,7 @@ class ShardedEmbeddings(nn.Module):
             outs = [tbe(idx, off, per_sample_weights=w) for tbe, (idx, off), w in zip(self.tbes, lookups.per_group,
                                                                                        weights)]
             for out in outs:   # the emb_bwd lap ends when the last TBE's backward has run (Stopwatch)
-                if out.grad_fn is not None:
-                    out.grad_fn.register_hook(sw.note_lookup_done)
+                after_lookup_backward(out, sw.note_lookup_done)
             if outs:
                 pooled = torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
             else:  # no shard here: still take part in every collective, backward included

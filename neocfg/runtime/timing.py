@@ -125,7 +125,7 @@ class Stopwatch:
         """The pooled-output gradient reached the fused TBEs (BackwardMark's note, in the embeddings' backward)."""
         self.grad_arrival = self.now()
 
-    def note_lookup_done(self, *_grads) -> None:
+    def note_lookup_done(self) -> None:
         """A fused TBE's backward (and its fused update) finished: a post-hook of its autograd node. The last call of
         a backward ends the emb_bwd lap, before whatever the backward call waits for after it (DDP's last
         all-reduces)."""
