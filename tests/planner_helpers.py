@@ -99,16 +99,39 @@ def check_plan_contract(plan: Plan, hbm_capacity: int | None = None) -> None:
     assert abs(plan.estimate.step_ms - max(d.total_ms for d in plan.devices)) < 1e-9
 
 
-def step_by_cost_model(cost, dense_ms: float, placements: Sequence[Placement]) -> float:
+def hidden_by_estimate(cfg, cost, placements: Sequence[Placement]) -> list[float]:
+    """Per device, what the estimate takes off for the bottom MLP's cover of the outputs' all-to-all
+    (neocfg.planner.assemble.output_overlap_ms) where the plan's strategies overlap it (the strategies' rules on the
+    plan's output kinds), independent of the solvers' view (neocfg.planner.hiding)."""
+    from neocfg.planner.assemble import output_overlap_ms
+    from neocfg.planner.costs import dense_cost, dense_flops_and_params
+    from neocfg.planner.strategies import dense_grad_sync, output_overlap
+    from neocfg.sharding import SCHEMES, OutputKind
+
+    topo = cost.topo
+    a2a = any(SCHEMES[p.option.sharding].output_kind(p.ranks, topo.world, topo.devices_per_node)
+              is OutputKind.all_to_all for p in placements)
+    sync = dense_grad_sync(cfg.train.dense_grad_sync, dense_flops_and_params(cfg.model)[1], topo.world, a2a)
+    if not output_overlap(cfg.train.output_overlap, sync, a2a):
+        return [0.0] * topo.world
+    tables = cfg.model.tables
+    shapes = [cost.shape(tables[p.option.table_index], p.option.sharding,
+                         p.option.num_pieces if SCHEMES[p.option.sharding].sliced else 1) for p in placements]
+    return [h.total for h in output_overlap_ms(cost, placements, shapes, tables, dense_cost(cfg).bottom)]
+
+
+def step_by_cost_model(cost, dense_ms: float, placements: Sequence[Placement], cfg=None) -> float:
     """A plan's step time straight from the cost model (what assemble reports), independent of the solvers' view:
-    each device's pieces plus CostModel.embedding_overhead_ms for the plan's kinds and its lookup groups."""
+    each device's pieces plus CostModel.embedding_overhead_ms for the plan's kinds and its lookup groups; with cfg,
+    less what the bottom MLP hides under the plan's output_overlap (hidden_by_estimate)."""
     loads = DeviceLoads.of(cost.topo, cost.capacity, placements)
     kinds = {p.option.sharding for p in placements}
     groups: list[set] = [set() for _ in range(cost.topo.world)]
     for p in placements:
         for r in p.ranks:
             groups[r].add((p.option.dtype, p.option.tier))
-    return dense_ms + max(float(loads.time[d]) + cost.embedding_overhead_ms(kinds, len(groups[d])).total
+    hidden = hidden_by_estimate(cfg, cost, placements) if cfg is not None else [0.0] * cost.topo.world
+    return dense_ms + max(float(loads.time[d]) + cost.embedding_overhead_ms(kinds, len(groups[d])).total - hidden[d]
                           for d in range(cost.topo.world))
 
 
@@ -125,12 +148,13 @@ def count_plans(topo: Topology, options: Sequence[Sequence[ShardingOption]]) -> 
     return n
 
 
-def brute_force_step(cost, dense_ms: float, options: Sequence[Sequence[ShardingOption]]) -> float:
-    """The least step time (cost model, fixed costs included) over every plan that fits memory."""
+def brute_force_step(cost, dense_ms: float, options: Sequence[Sequence[ShardingOption]], cfg=None) -> float:
+    """The least step time (cost model, fixed costs included; with cfg, less what the bottom MLP hides) over every
+    plan that fits memory."""
     best = float("inf")
     for combo in all_plans(cost.topo, options):
         if DeviceLoads.of(cost.topo, cost.capacity, combo).over_capacity() is None:
-            best = min(best, step_by_cost_model(cost, dense_ms, combo))
+            best = min(best, step_by_cost_model(cost, dense_ms, combo, cfg))
     return best
 
 

@@ -11,13 +11,14 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.plan import DeviceEstimate, Estimate, Plan, Shard, SolverReport, StepStrategies, TablePlan
 from neocfg.planner.costs import CostModel, DenseCost, data_ms, dense_cost, planned_dense_sync, rider_bytes
 from neocfg.perf import Perf
+from neocfg.planner.hiding import Hiding
 from neocfg.planner.strategies import resolve as resolve_strategies
 from neocfg.planner.strategies import with_collectives
 from neocfg.planner.types import Placement, SolveResult
 from neocfg.sharding import SCHEMES, OutputKind, PieceShape
 from neocfg.sharding.collectives import id_collectives
 from neocfg.tiers import TIERS
-from neocfg.types import Carries, CollectiveKind, GroupScope, IdsExchange
+from neocfg.types import IdsExchange
 
 
 def shards_of(table: TableConfig, placement: Placement) -> tuple[Shard, ...]:
@@ -87,9 +88,11 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     # the batch's generation where it shares the rank's core (CPU devices): the same on every device, every plan
     generation = data_ms(cfg)
     # The solver's objective and bound are in its own terms (every option priced with DDP's all-reduce and the
-    # routing in comm; the fixed costs carried by fixed.py; the outputs' all-to-all exposed): its bound holds for
-    # every plan of the enumerated options so priced.
-    objective = max(q.total for q in perf) + dense.perf.total + generation
+    # routing in comm; the fixed costs carried by fixed.py; what the bottom MLP hides of the outputs' all-to-all
+    # where cfg's strategies overlap it, hiding.py): its bound holds for every plan of the enumerated options so
+    # priced.
+    solver_hidden = Hiding.of(cfg, cost, dense).device_hidden(cost.topo, placements)
+    objective = max(q.total - h for q, h in zip(perf, solver_hidden)) + dense.perf.total + generation
     lb = result.lower_bound_ms + dense.perf.total + generation
     gap = (objective - lb) / objective if objective > 0 else 0.0
     # The estimate prices the strategies the plan runs.
@@ -162,14 +165,10 @@ def output_overlap_ms(cost: CostModel, placements: Sequence[Placement], shapes: 
     the collective: never hidden."""
     wire = [[0.0, 0.0] for _ in range(cost.topo.world)]
     for p, shape in zip(placements, shapes):
-        table = tables[p.option.table_index]
-        for pc in cost.piece_comms(table, p.option.sharding, shape):
-            if (pc.kind, pc.group) != (CollectiveKind.all_to_all, GroupScope.world) \
-                    or pc.carries not in (Carries.outputs, Carries.output_grads):
-                continue
-            ms = pc.held_bytes * cost.rate_ms_per_byte(pc)
-            for r in p.ranks:
-                wire[r][pc.carries is Carries.output_grads] += ms
+        fwd, bwd = cost.output_wire_ms(tables[p.option.table_index], p.option.sharding, shape)
+        for r in p.ranks:
+            wire[r][0] += fwd
+            wire[r][1] += bwd
     # every rank takes part in each of the two all-to-alls, pieces or not
     alpha, eff = cost.collective_latency_ms, cost.output_overlap_efficiency
     return [Perf(fwd_comm=min(eff * (fwd + alpha), bottom.fwd_compute),

@@ -8,6 +8,7 @@ w_t = the least total work of any option.
   cardinality  if n - k tables are placed as pieces over W devices, some device holds ceil((n - k)/W) pieces of
                distinct tables (>= the sum of that many smallest q), and the k tables made uniform add >= the k
                smallest u to every device; minimized over k.
+Under output_overlap each is less the most any device hides (hiding.py).
 """
 
 from __future__ import annotations
@@ -16,14 +17,18 @@ import math
 from typing import Sequence
 
 from neocfg.planner.fixed import FixedCosts
+from neocfg.planner.hiding import NO_HIDING, Hiding
 from neocfg.planner.types import ShardingOption, Topology
 
 
-def lower_bound(topo: Topology, options: Sequence[Sequence[ShardingOption]], fixed: FixedCosts) -> float:
+def lower_bound(topo: Topology, options: Sequence[Sequence[ShardingOption]], fixed: FixedCosts,
+                hiding: Hiding = NO_HIDING) -> float:
     """A bound on the busiest device's embedding time, fixed costs included: the pieces' bounds below bound the
     pieces' time of the busiest device; that device holds at least one lookup group, and every device pays the
-    plan-wide fixed costs (FixedCosts.minimum)."""
-    return simple_lower_bound(topo, options) + fixed.minimum(options)
+    plan-wide fixed costs (FixedCosts.minimum). Where the bottom MLP hides part of the outputs' all-to-all
+    (hiding.py), no device hides more than the most any device can (Hiding.most): the busiest device's time is at
+    least the bound without it less that."""
+    return max(0.0, simple_lower_bound(topo, options) + fixed.minimum(options) - hiding.most(options))
 
 
 def simple_lower_bound(topo: Topology, options: Sequence[Sequence[ShardingOption]]) -> float:

@@ -480,6 +480,18 @@ class CostModel:
             ms *= 1 + FP32 / self.id_bytes
         return Perf(fwd_comm=ms) if pc.carries in (Carries.ids, Carries.outputs) else Perf(bwd_comm=ms)
 
+    def output_wire_ms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> tuple[float, float]:
+        """The piece's part of the pooled outputs' world all-to-all (forward) and of its gradients' (backward): its
+        bytes at the link rate, without the exchange's host copies (what can travel behind the bottom MLP under
+        StepStrategies.output_overlap)."""
+        wire = [0.0, 0.0]
+        for pc in self.piece_comms(table, sharding, shape):
+            if (pc.kind, pc.group) != (CollectiveKind.all_to_all, GroupScope.world) \
+                    or pc.carries not in (Carries.outputs, Carries.output_grads):
+                continue
+            wire[pc.carries is Carries.output_grads] += pc.held_bytes * self.rate_ms_per_byte(pc)
+        return wire[0], wire[1]
+
     def rate_ms_per_byte(self, pc: PieceComm) -> float:
         """The record's collective's link rate (without the exchange's host copies)."""
         return {(CollectiveKind.all_to_all, GroupScope.world): self.a2a_ms_per_byte,

@@ -13,6 +13,7 @@ import numpy as np
 from neocfg.errors import InfeasibleError
 from neocfg.planner.bounds import lower_bound
 from neocfg.planner.fixed import FixedCosts
+from neocfg.planner.hiding import NO_HIDING, Hiding
 from neocfg.planner.loads import DeviceLoads, Peak
 from neocfg.planner.types import Placement, PlacementSource, ShardingOption, SolveResult, Storage, Topology
 
@@ -127,9 +128,9 @@ def greedy_with_fallback(topo: Topology, capacity: Storage, options: Sequence[Se
 
 
 def solve_greedy(topo: Topology, capacity: Storage, options: Sequence[Sequence[ShardingOption]],
-                 names: Sequence[str], fixed: FixedCosts) -> SolveResult:
+                 names: Sequence[str], fixed: FixedCosts, hiding: Hiding = NO_HIDING) -> SolveResult:
     t0 = time.perf_counter()
     placements = greedy_with_fallback(topo, capacity, options, names)
     return SolveResult(placements=placements, algorithm="greedy", status="heuristic",
-                       seconds=time.perf_counter() - t0, lower_bound_ms=lower_bound(topo, options, fixed),
+                       seconds=time.perf_counter() - t0, lower_bound_ms=lower_bound(topo, options, fixed, hiding),
                        placement_source=PlacementSource.greedy)

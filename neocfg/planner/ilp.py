@@ -33,6 +33,7 @@ from neocfg.planner.bounds import lower_bound
 from neocfg.planner.costs import CostModel, dense_cost
 from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.greedy import greedy_place, greedy_with_fallback
+from neocfg.planner.hiding import Hiding
 from neocfg.planner.ilp_aggregate import AggregateModel
 from neocfg.planner.ilp_flat import solve_flat
 from neocfg.planner.ilp_problem import MIN_SOLVE_S, IlpProblem, Options, run_model
@@ -256,7 +257,8 @@ def switch_options(p: IlpProblem, plan: Sequence[Placement], bound: float, deadl
     while improved and time.perf_counter() < deadline and gap_of(p, best_ms, bound) > p.gap:
         improved = False
         loads = DeviceLoads.of(p.topo, p.capacity, best)
-        busiest = int(np.argmax(loads.time + p.fixed.device_times(p.topo, best)))
+        busiest = int(np.argmax(loads.time + p.fixed.device_times(p.topo, best)
+                                - p.hiding.device_hidden(p.topo, best)))
         for t, pl in ((t, pl) for t, pl in enumerate(best) if busiest in pl.ranks and pl.option.fixed_ranks is None):
             for o in p.options[t]:
                 if o is pl.option or time.perf_counter() > deadline:
@@ -285,8 +287,9 @@ def solve_ilp(cfg: NeocfgConfig, cost: CostModel, options: Options, started: Opt
     p = IlpProblem(topo=cost.topo, capacity=cost.capacity, options=options,
                    names=tuple(t.name for t in cfg.model.tables), time_limit_s=pl.time_limit_s, gap=pl.mip_gap,
                    tiebreak=pl.costs.comm_tiebreak, offset_ms=dense_cost(cfg).perf.total,
-                   fixed=FixedCosts.of(cost), solver=pl.solver, rank_capacity=cost.rank_capacity)
-    p = dataclasses.replace(p, known_bound_ms=lower_bound(p.topo, options, p.fixed))
+                   fixed=FixedCosts.of(cost), solver=pl.solver, rank_capacity=cost.rank_capacity,
+                   hiding=Hiding.of(cfg, cost, dense_cost(cfg)))
+    p = dataclasses.replace(p, known_bound_ms=lower_bound(p.topo, options, p.fixed, p.hiding))
     t_warm = time.perf_counter()
     warm = warm_start(p, deadline)
     warm_s = time.perf_counter() - t_warm

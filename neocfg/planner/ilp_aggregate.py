@@ -9,6 +9,8 @@ model only chooses one option per table, subject to what every plan must satisfy
                least the k smallest per-table piece times, and (threshold cuts) k x lam - sum max(0, lam - piece)
   fixed        every device pays F (SharedFixed: base, each collective group used), and the device
                busiest with pieces at least one lookup group: both are added to every time bound above
+  hidden       under output_overlap, what the bottom MLP hides of the outputs' all-to-all (hiding.py) is taken
+               off: the most one device can hide, or in the average row the most the devices hide on average
 Every feasible plan satisfies these, so the model's optimum, the solver's proven bound on it and the optimum of its
 LP relaxation bound every plan from below (at full capacity)."""
 
@@ -63,6 +65,7 @@ class AggregateModel:
         self.pairs = [(x, o) for t, opts in enumerate(p.options) for x, o in zip(self.xs[t], opts)]
         self.shared = SharedFixed.build(prob, p, self.xs, binary=False)
         self.F = self.shared.define(prob)       # the fixed time every device pays
+        self._add_hidden()
         hbm = {id(o): _share(o.storage.hbm, cap.hbm) for _, o in self.pairs}
         host = {id(o): _share(o.storage.host, cap.host) for _, o in self.pairs}
         uniform = [(x, o) for x, o in self.pairs if o.is_uniform]
@@ -71,7 +74,8 @@ class AggregateModel:
         row(prob, [(self.U, 1.0)] + [(x, -o.perf.total) for x, o in uniform], EQ, 0.0, "uniform_time")
         row(prob, [(self.Uh, 1.0)] + [(x, -hbm[id(o)]) for x, o in uniform], EQ, 0.0, "uniform_hbm")
         row(prob, [(self.Us, 1.0)] + [(x, -host[id(o)]) for x, o in uniform], EQ, 0.0, "uniform_host")
-        row(prob, self._base_terms() + [(x, -o.total_work / w) for x, o in self.placed], GE, self.base_ms, "average")
+        row(prob, self._base_terms(average=True) + [(x, -o.total_work / w) for x, o in self.placed], GE, self.base_ms,
+            "average")
         self._memory_row([(x, hbm[id(o)] * o.num_pieces) for x, o in self.pairs], float(w), "hbm_total")
         self._memory_row([(x, host[id(o)] * o.num_pieces) for x, o in self.pairs], float(w), "host_total")
         self._memory_row([(self.Uh, 1.0)], 1.0, "uniform_hbm_fits")
@@ -117,9 +121,39 @@ class AggregateModel:
         lookup group (the device busiest with pieces holds one)."""
         return self.p.offset_ms + (self.p.fixed.group_ms if self.p.options else 0.0)
 
-    def _base_terms(self) -> list[tuple[pulp.LpVariable, float]]:
-        """T - U - F: T >= U + F + base_ms + the placed pieces' time is T - U - F - pieces >= base_ms."""
-        return [(self.T, 1.0), (self.U, -1.0), (self.F, -1.0)]
+    def _base_terms(self, average: bool = False) -> list[tuple[pulp.LpVariable, float]]:
+        """T - U - F (+ H): T >= U + F + base_ms + the placed pieces' time (- what the bottom MLP hides on a device,
+        H) is T - U - F - pieces + H >= base_ms. H: the most one device hides, or in the average row the most the
+        devices hide on average."""
+        hidden = [(h, 1.0) for h in (self.hidden_avg if average else self.hidden_most)]
+        return [(self.T, 1.0), (self.U, -1.0), (self.F, -1.0)] + hidden
+
+    def _add_hidden(self) -> None:
+        """Under output_overlap (hiding.py) a device hides at most min(efficiency x (latency x a2a + its pieces'
+        wire), the bottom MLP's compute) each way, where a2a <= 1 only if some table's outputs come back by
+        all-to-all. A device holds at most one piece of a table, so no device hides more than with every chosen
+        option's piece (hidden_most); the devices hide on average at most that with the chosen pieces' wire spread
+        over the world (hidden_avg: the mean of a minimum is at most the minimum of the means)."""
+        self.hidden_most: list[pulp.LpVariable] = []
+        self.hidden_avg: list[pulp.LpVariable] = []
+        self.a2a = None
+        hd, prob, w = self.p.hiding, self.prob, self.p.topo.world
+        if not hd.on:
+            return
+        mine = [(x, o) for x, o in self.pairs if hd.all_to_all(o)]
+        if not mine:
+            return
+        self.a2a = cbc.var(prob, "a2a", low=0)
+        self.a2a.upBound = 1
+        cbc.row(prob, [(self.a2a, 1.0)] + [(x, -1.0) for x, _ in mine], LE, 0.0, "a2a_used")
+        for way, cap in ((0, hd.bottom.fwd_compute), (1, hd.bottom.bwd_compute)):
+            for name, share, out in (("most", lambda o: 1.0, self.hidden_most),
+                                     ("avg", lambda o: o.num_pieces / w, self.hidden_avg)):
+                h = cbc.var(prob, f"h_{name}_{way}", low=0)
+                h.upBound = cap
+                wire = [(x, -hd.piece(o)[way] * share(o)) for x, o in mine]
+                cbc.row(prob, [(h, 1.0), (self.a2a, -hd.latency)] + wire, LE, 0.0, f"h_{name}_{way}")
+                out.append(h)
 
     @property
     def placed(self) -> list[tuple[pulp.LpVariable, ShardingOption]]:
@@ -176,6 +210,15 @@ class AggregateModel:
         self.Us.setInitialValue(sum(_share(o.storage.host, cap.host) for o in picked if o.is_uniform))
         self.shared.warm_start(picked)
         self.F.setInitialValue(self.p.fixed.shared_ms({o.sharding for o in picked}))
+        if self.a2a is not None:
+            hd, w = self.p.hiding, self.p.topo.world
+            mine = [o for o in picked if hd.all_to_all(o)]
+            lat = hd.latency if mine else 0.0
+            self.a2a.setInitialValue(1.0 if mine else 0.0)
+            for way, cap in ((0, hd.bottom.fwd_compute), (1, hd.bottom.bwd_compute)):
+                self.hidden_most[way].setInitialValue(min(cap, lat + sum(hd.piece(o)[way] for o in mine)))
+                self.hidden_avg[way].setInitialValue(
+                    min(cap, lat + sum(hd.piece(o)[way] * o.num_pieces / w for o in mine)))
         self.T.setInitialValue(upper)
         pieces = sum(o.num_pieces for o in picked if not o.is_uniform)
         for k, y in self.levels:

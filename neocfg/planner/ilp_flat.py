@@ -2,8 +2,9 @@
 (distinct devices for column slices, one node for table-row-wise / table-column-wise), per-device memory per tier,
 minimize the busiest device's time (+ a tiny tie-breaker on total communication). A device's time is its pieces'
 time plus the fixed costs (fixed.py): what every device pays (SharedFixed) and its lookup groups (a variable per
-device and group, >= every table's pieces of that group on the device). Symmetry breaking: identical devices are
-sorted by their pieces' time within a node and symmetric nodes by their first device."""
+device and group, >= every table's pieces of that group on the device), less what the bottom MLP hides of the
+outputs' all-to-all under output_overlap (hiding.py: a variable per device and direction). Symmetry breaking:
+identical devices are sorted by their pieces' time within a node and symmetric nodes by their first device."""
 
 from __future__ import annotations
 
@@ -36,10 +37,14 @@ class FlatModel:
     # per device: (table, lookup group) -> the variables putting a piece of that table and group on the device
     group_terms: list[dict[tuple[int, GroupKey], list[pulp.LpVariable]]] = field(default_factory=list)
     groups: list[dict[GroupKey, pulp.LpVariable]] = field(default_factory=list)
+    # per device: what the bottom MLP hides of the outputs' all-to-all forward and backward (hiding.py), and whether
+    # any output comes back by all-to-all
+    hidden: list[tuple[pulp.LpVariable, pulp.LpVariable]] = field(default_factory=list)
+    a2a: Optional[pulp.LpVariable] = None
 
     def __post_init__(self) -> None:
         self.T = cbc.var(self.prob, "T", low=0)
-        self.terms = {k: [[] for _ in range(self.p.topo.world)] for k in ("time", "hbm", "host")}
+        self.terms = {k: [[] for _ in range(self.p.topo.world)] for k in ("time", "hbm", "host", "wire_f", "wire_b")}
         self.group_terms = [{} for _ in range(self.p.topo.world)]
         for t, opts in enumerate(self.p.options):
             xs = [cbc.var(self.prob, f"x_{t}_{i}", cat="Binary") for i in range(len(opts))]
@@ -50,6 +55,7 @@ class FlatModel:
         self.shared = SharedFixed.build(self.prob, self.p, self.choose, binary=True)
         self.F = self.shared.define(self.prob)   # the fixed time every device pays
         self._add_groups()
+        self._add_hidden()
         self._add_device_rows()
 
     def _load(self, d: int, o: ShardingOption, var: pulp.LpVariable) -> None:
@@ -57,6 +63,33 @@ class FlatModel:
         self.terms["hbm"][d].append((var, o.storage.hbm))
         self.terms["host"][d].append((var, o.storage.host))
         self.group_terms[d].setdefault((o.table_index, lookup_group(o)), []).append(var)
+        if self.p.hiding.all_to_all(o):
+            fwd, bwd = self.p.hiding.piece(o)
+            self.terms["wire_f"][d].append((var, fwd))
+            self.terms["wire_b"][d].append((var, bwd))
+
+    def _add_hidden(self) -> None:
+        """Under output_overlap (hiding.py), per device h_f <= efficiency x (latency x a2a + its pieces' forward wire)
+        and h_f <= the bottom MLP's forward compute (h_b the same backward); a2a <= 1 only where some table chooses
+        an option whose outputs come back by all-to-all. The device's time is less h_f + h_b."""
+        hd = self.p.hiding
+        if not hd.on:
+            return
+        prob = self.prob
+        a2a_x = [x for t, opts in enumerate(self.p.options) for x, o in zip(self.choose[t], opts) if hd.all_to_all(o)]
+        if not a2a_x:
+            return
+        self.a2a = cbc.var(prob, "a2a", cat="Binary")
+        cbc.row(prob, [(self.a2a, 1.0)] + [(x, -1.0) for x in a2a_x], pulp.LpConstraintLE, 0.0, "a2a_used")
+        for d in range(self.p.topo.world):
+            pair = []
+            for way, cap in (("f", hd.bottom.fwd_compute), ("b", hd.bottom.bwd_compute)):
+                h = cbc.var(prob, f"h{way}_{d}", low=0)
+                h.upBound = cap
+                cbc.row(prob, [(h, 1.0), (self.a2a, -hd.latency)] + [(v, -c) for v, c in self.terms[f"wire_{way}"][d]],
+                        pulp.LpConstraintLE, 0.0, f"h{way}_{d}")
+                pair.append(h)
+            self.hidden.append((pair[0], pair[1]))
 
     def _add_groups(self) -> None:
         """g[d][k] >= 1 when any table puts a piece of lookup group k on device d (a table puts at most one)."""
@@ -94,11 +127,12 @@ class FlatModel:
     def _add_device_rows(self) -> None:
         p, prob, topo = self.p, self.prob, self.p.topo
         dev_time = [pulp.lpSum(c * v for v, c in self.terms["time"][d]) for d in range(topo.world)]
-        known = max(lower_bound(topo, p.options, p.fixed), p.known_bound_ms)
+        known = max(lower_bound(topo, p.options, p.fixed, p.hiding), p.known_bound_ms)
         prob += self.T >= p.offset_ms + known, "known_bound"
         for d in range(topo.world):
             groups = pulp.lpSum(p.fixed.group_ms * g for g in self.groups[d].values())
-            prob += dev_time[d] + groups + self.F + p.offset_ms <= self.T, f"time_{d}"
+            hidden = pulp.lpSum(self.hidden[d]) if self.hidden else 0
+            prob += dev_time[d] + groups + self.F + p.offset_ms - hidden <= self.T, f"time_{d}"
             cap = p.capacity_of(d)
             for tier, limit in (("hbm", cap.hbm), ("host", cap.host)):
                 prob += _memory_row(self.terms[tier][d], limit), f"{tier}_{d}"
@@ -136,6 +170,18 @@ class FlatModel:
         for d, gs in enumerate(self.groups):
             for k, g in gs.items():
                 g.setInitialValue(1.0 if k in held[d] else 0.0)
+        if self.a2a is not None:
+            hd, a2a = self.p.hiding, any(self.p.hiding.all_to_all(pl.option) for pl in warm)
+            self.a2a.setInitialValue(1.0 if a2a else 0.0)
+            wire = [[0.0, 0.0] for _ in range(self.p.topo.world)]
+            for pl in warm:
+                if hd.all_to_all(pl.option):
+                    for r in pl.ranks:
+                        wire[r] = [w + c for w, c in zip(wire[r], hd.piece(pl.option))]
+            for d, (hf, hb) in enumerate(self.hidden):
+                lat = hd.latency if a2a else 0.0
+                hf.setInitialValue(min(lat + wire[d][0], hd.bottom.fwd_compute))
+                hb.setInitialValue(min(lat + wire[d][1], hd.bottom.bwd_compute))
         self.T.setInitialValue(upper)
 
     def placements(self) -> list[Placement]:

@@ -10,6 +10,7 @@ import pulp
 
 from neocfg.planner import cbc
 from neocfg.planner.fixed import ZERO, FixedCosts, plan_embedding_ms
+from neocfg.planner.hiding import NO_HIDING, Hiding
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.types import Placement, ShardingOption, Storage, Topology
 from neocfg.types import MipSolver, ShardingType
@@ -46,6 +47,8 @@ class IlpProblem:
     # Each rank's capacity where devices differ (CostModel.rank_capacity): the exact model's memory rows; `capacity`
     # (the smallest) is what the heuristics place against.
     rank_capacity: tuple[Storage, ...] = ()
+    # What the bottom MLP hides of the outputs' all-to-all under output_overlap (hiding.py): off by default.
+    hiding: Hiding = NO_HIDING
 
     def capacity_of(self, rank: int) -> Storage:
         return self.rank_capacity[rank] if self.rank_capacity else self.capacity
@@ -74,9 +77,12 @@ class IlpProblem:
         return max(MIN_SOLVE_S, min(self.time_limit_s, self.stop_at() - time.perf_counter()))
 
     def makespan(self, placements: Sequence[Placement]) -> float:
-        """The busiest device's embedding time (ms), fixed costs included: the step time less the dense part."""
-        return plan_embedding_ms(self.topo, self.fixed, DeviceLoads.of(self.topo, self.capacity, placements).time,
-                                 placements)
+        """The busiest device's embedding time (ms), fixed costs included, less what the bottom MLP hides: the step
+        time less the dense part."""
+        times = DeviceLoads.of(self.topo, self.capacity, placements).time
+        if self.hiding.on:
+            times = times - self.hiding.device_hidden(self.topo, placements)
+        return plan_embedding_ms(self.topo, self.fixed, times, placements)
 
     @property
     def worst_comm(self) -> float:

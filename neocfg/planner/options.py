@@ -13,8 +13,9 @@ from typing import Optional
 from neocfg.config.model import TableConfig
 from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError, InfeasibleError
-from neocfg.planner.costs import GIB, CostModel, ceil_div
+from neocfg.planner.costs import GIB, CostModel, ceil_div, dense_cost
 from neocfg.planner.fixed import FixedCosts, lookup_group
+from neocfg.planner.hiding import NO_HIDING, Hiding
 from neocfg.planner.types import ShardingOption, Spread, Storage, Topology
 from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES
 from neocfg.tiers import TIERS
@@ -92,7 +93,7 @@ def _places_like(a: ShardingOption, b: ShardingOption) -> bool:
             and SCHEMES[a.sharding].kind is SCHEMES[b.sharding].kind)
 
 
-def _dominates(a: ShardingOption, b: ShardingOption, group_ms: float) -> bool:
+def _dominates(a: ShardingOption, b: ShardingOption, group_ms: float, hiding: Hiding = NO_HIDING) -> bool:
     """Every plan choosing b is no better than the same plan with a in its place (same devices), so dropping b loses
     no plan better than one that is kept: a can take b's devices with the same collectives (its own sharding type,
     or column-wise in place of a table-column-wise of the same price), no more communication and no more memory
@@ -100,19 +101,20 @@ def _dominates(a: ShardingOption, b: ShardingOption, group_ms: float) -> bool:
     fixed cost (fixed.py): a piece of another group than b's may open a TBE group the device did not hold (+group_ms)
     while b's stays open for other tables, so across groups a must be faster by at least group_ms. (Alike options of
     two types that both stay leave the exact model to prove the same plans twice: tests/test_planner_solve.py's
-    flat-ILP case took 10x longer.)"""
-    margin = 0.0 if lookup_group(a) == lookup_group(b) else group_ms
+    flat-ILP case took 10x longer.) Under output_overlap a piece of a may also let its device hide less of the
+    outputs' all-to-all behind the bottom MLP than b's (hiding.py): a must be faster by that too."""
+    margin = (0.0 if lookup_group(a) == lookup_group(b) else group_ms) + hiding.margin(a, b)
     return (_places_like(a, b)
             and a.perf.total + margin <= b.perf.total and a.perf.comm <= b.perf.comm
             and a.storage.hbm <= b.storage.hbm and a.storage.host <= b.storage.host)
 
 
-def prune(options: list[ShardingOption], group_ms: float) -> list[ShardingOption]:
+def prune(options: list[ShardingOption], group_ms: float, hiding: Hiding = NO_HIDING) -> list[ShardingOption]:
     """The options no other one dominates (of options that dominate each other, the first); group_ms: the fixed
-    cost of a device's lookup group (FixedCosts.group_ms)."""
+    cost of a device's lookup group (FixedCosts.group_ms); hiding: what the bottom MLP hides (hiding.py)."""
     kept: list[ShardingOption] = []
     for i, o in enumerate(options):
-        dominated = any(_dominates(p, o, group_ms) and (not _dominates(o, p, group_ms) or j < i)
+        dominated = any(_dominates(p, o, group_ms, hiding) and (not _dominates(o, p, group_ms, hiding) or j < i)
                         for j, p in enumerate(options) if j != i)
         if not dominated:
             kept.append(o)
@@ -127,8 +129,10 @@ def stored_dtypes(cfg: NeocfgConfig, sharding: ShardingType) -> Optional[tuple[W
     return SCHEMES[sharding].weights_dtypes
 
 
-def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[ShardingOption]:
-    """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed."""
+def table_options(cfg: NeocfgConfig, cost: CostModel, index: int,
+                  hiding: Optional[Hiding] = None) -> list[ShardingOption]:
+    """Every allowed option of table `index` whose piece fits an empty device, dominated ones removed (hiding: what
+    the bottom MLP hides, default cfg's)."""
     table = cfg.model.tables[index]
     ch = table_choices(cfg, table)
     shapes = [(s, k) for s in ch.shardings if _geometry_ok(cfg, table, s)
@@ -148,7 +152,9 @@ def table_options(cfg: NeocfgConfig, cost: CostModel, index: int) -> list[Shardi
     out = [o for o in candidates(cfg, cost, index, table, ch) if o.storage.fits(cost.most_capacity)]
     if not out:
         raise InfeasibleError(explain_table(cfg, cost, index))
-    return prune(out, FixedCosts.of(cost).group_ms)
+    if hiding is None:
+        hiding = Hiding.of(cfg, cost, dense_cost(cfg))
+    return prune(out, FixedCosts.of(cost).group_ms, hiding)
 
 
 def candidates(cfg: NeocfgConfig, cost: CostModel, index: int, table: TableConfig,
@@ -187,9 +193,10 @@ def _no_shape(cfg: NeocfgConfig, table: TableConfig, ch: Choices) -> str:
 
 def all_options(cfg: NeocfgConfig, cost: CostModel) -> list[list[ShardingOption]]:
     opts, too_big = [], []
+    hiding = Hiding.of(cfg, cost, dense_cost(cfg))
     for i in range(len(cfg.model.tables)):
         try:
-            opts.append(table_options(cfg, cost, i))
+            opts.append(table_options(cfg, cost, i, hiding))
         except InfeasibleError:
             too_big.append(i)
     if too_big:   # the largest table is the one to talk about, not the first in file order

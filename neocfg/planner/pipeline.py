@@ -11,6 +11,7 @@ from neocfg.planner.assemble import assemble
 from neocfg.planner.costs import CostModel, dense_cost
 from neocfg.planner.fixed import FixedCosts
 from neocfg.planner.greedy import solve_greedy
+from neocfg.planner.hiding import Hiding
 from neocfg.planner.loads import DeviceLoads
 from neocfg.planner.options import all_options
 from neocfg.planner.types import SolveResult
@@ -22,7 +23,8 @@ def solve(cfg: NeocfgConfig, cost: CostModel) -> SolveResult:
     options = all_options(cfg, cost)
     names = [t.name for t in cfg.model.tables]
     if cfg.planner.algorithm is PlannerAlgorithm.greedy:
-        return solve_greedy(cost.topo, cost.capacity, options, names, FixedCosts.of(cost))
+        return solve_greedy(cost.topo, cost.capacity, options, names, FixedCosts.of(cost),
+                            Hiding.of(cfg, cost, dense_cost(cfg)))
     from neocfg.planner.ilp import solve_ilp
 
     return solve_ilp(cfg, cost, options, started=started)
