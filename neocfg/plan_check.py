@@ -13,7 +13,7 @@ from typing import Any, Optional, Sequence
 from neocfg.config.model import ModelConfig
 from neocfg.errors import DataError
 from neocfg.plan import Plan
-from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES
+from neocfg.sharding import FBGEMM_DIM_ALIGN, SCHEMES, has_all_to_all
 from neocfg.types import (CommDtype, DenseGradSync, IdDtype, IdsExchange, MemoryTier, RoutingEncoding, ShardingType,
                           WeightsDtype)
 
@@ -110,10 +110,6 @@ def _check_strategies(c: _Checker, st: Any) -> None:
         raise c.fail("strategies", f"pipeline={st.get('pipeline')!r} must be true or false")
     if not isinstance(st.get("output_overlap", False), bool):
         raise c.fail("strategies", f"output_overlap={st.get('output_overlap')!r} must be true or false")
-    if st.get("output_overlap") and st.get("dense_grad_sync") == DenseGradSync.exchange.value:
-        raise c.fail("strategies", "output_overlap=true with dense_grad_sync=exchange: the dense gradients ride in "
-                                   "the outputs' backward all-to-all, which waits for the dense backward; allowed: "
-                                   "output_overlap=false, or dense_grad_sync=ddp")
     for key, enum in (("ids_exchange", IdsExchange), ("dense_grad_sync", DenseGradSync), ("id_dtype", IdDtype),
                       ("routing_encoding", RoutingEncoding)):
         allowed = [m.value for m in enum if m.value != "auto"]
@@ -171,6 +167,30 @@ def check_plan(plan: Plan, source: str, model: Optional[ModelConfig] = None,
         fault = table_fault(t, world, plan.devices_per_node)
         if fault:
             raise c.fail(f"table {t.name}", fault)
+    fault = strategies_fault(plan)
+    if fault:
+        raise c.fail("strategies", fault)
+
+
+def strategies_fault(plan: Plan) -> Optional[str]:
+    """The first step strategy the plan's placement cannot run, or None (the runtime's Trainer relies on it): the
+    dense gradients riding in, or the bottom MLP overlapping, the outputs' all-to-all need some table whose outputs
+    come back by it (its sharding type's output kind on its ranks: neocfg.sharding.has_all_to_all); overlapping an
+    all-to-all that carries the dense gradients would wait for the whole dense backward."""
+    st = plan.strategies
+    if st is None:
+        return None
+    exchange = st.dense_grad_sync is DenseGradSync.exchange
+    if st.output_overlap and exchange:
+        return ("output_overlap=true with dense_grad_sync=exchange: the dense gradients ride in the outputs' backward "
+                "all-to-all, which waits for the dense backward; allowed: output_overlap=false, or "
+                "dense_grad_sync=ddp")
+    if not (st.output_overlap or exchange) or has_all_to_all(plan.tables, plan.world_size, plan.devices_per_node):
+        return None
+    key, allowed = ("output_overlap=true", "output_overlap=false") if st.output_overlap else \
+        ("dense_grad_sync=exchange", "dense_grad_sync=ddp")
+    return (f"{key}, but no table's pooled outputs come back by all-to-all (every table is row-wise, "
+            f"table-row-wise or data-parallel as placed); allowed: {allowed}")
 
 
 def table_fault(t: Any, world: int, per_node: int) -> Optional[str]:

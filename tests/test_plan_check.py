@@ -196,3 +196,43 @@ def test_cli_plan_refuses_bad_file(cli, cfg, tmp_path, case):
     assert r.returncode != 0 and len(err) == 1 and where in err[0] and fault in err[0], r.stderr
     assert "Traceback" not in r.stderr
     assert not list((tmp_path / "outputs").rglob("plan.json"))
+
+
+def _no_all_to_all_plan(cfg, **strategies) -> dict:
+    """dlrm_tiny on 2 ranks with every table row-wise or data-parallel (no pooled output by all-to-all), its
+    strategies resolved for DDP and then set to `strategies`."""
+    from neocfg.planner.strategies import with_strategies
+
+    sharding = {t.name: (S.row_wise, S.data_parallel)[i % 2] for i, t in enumerate(cfg.model.tables)}
+    plan = rule_plan(cfg.model, world=2, devices_per_node=2, batch_size=64, sharding=sharding, step_ms=10.0)
+    d = with_strategies(compose_cfg([*COMMON, "train.dense_grad_sync=ddp"]), plan).to_dict()
+    assert d["strategies"]["output_overlap"] is False and d["strategies"]["dense_grad_sync"] == "ddp"
+    d["strategies"].update(strategies)
+    return d
+
+
+@pytest.mark.parametrize("strategies,key", [({"output_overlap": True}, "output_overlap=true"),
+                                            ({"dense_grad_sync": "exchange"}, "dense_grad_sync=exchange")])
+def test_a_strategy_without_an_all_to_all_output_is_refused(cfg, tmp_path, strategies, key):
+    # The outputs' all-to-all overlapped with the bottom MLP, or carrying the dense gradients, where no table's
+    # outputs come back by all-to-all: the plan validator refuses it (the one the Trainer relies on too).
+    path = _write(tmp_path, _no_all_to_all_plan(cfg, **strategies))
+    with pytest.raises(PlanError) as exc:
+        load_plan_file(path, cfg.model, 2)
+    msg = str(exc.value)
+    assert msg.startswith(f"{path}: strategies: {key}") and "no table's pooled outputs come back by all-to-all" in msg
+    assert "\n" not in msg
+    assert load_plan_file(_write(tmp_path, _no_all_to_all_plan(cfg)), cfg.model, 2).strategies.output_overlap is False
+
+
+@pytest.mark.parametrize("mode", ["plan", "train"])
+def test_cli_refuses_output_overlap_without_an_all_to_all_output(cli, cfg, tmp_path, mode):
+    # A given plan file mode=plan accepts is one mode=train runs: both refuse this one, in one line, before any work.
+    path = _write(tmp_path, _no_all_to_all_plan(cfg, output_overlap=True))
+    r = cli(*(["mode=plan"] if mode == "plan" else COMMON), f"planner.plan_file={path}")
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode != 0 and len(err) == 1, r.stderr
+    assert str(path) in err[0] and "strategies: output_overlap=true" in err[0] and "allowed: output_overlap=false" \
+        in err[0], err[0]
+    assert "Traceback" not in r.stderr + r.stdout
+    assert not list((tmp_path / "outputs").rglob("plan.json"))

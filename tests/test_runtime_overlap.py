@@ -123,11 +123,12 @@ def test_overlapped_steps_lose_what_plain_steps_lose(one_rank_gloo):
 
 
 def test_a_plan_that_overlaps_an_exchange_carrying_dense_gradients_is_refused(one_rank_gloo):
-    """A plan file's output_overlap=true with dense_grad_sync=exchange (the backward all-to-all then waits for the
-    whole dense backward): the Trainer refuses it with one line naming the strategy."""
+    """A plan's output_overlap=true with dense_grad_sync=exchange (the backward all-to-all then waits for the whole
+    dense backward): the Trainer refuses it by the plan validator's rule (plan_check.strategies_fault), one line
+    naming the strategy."""
     import dataclasses
 
-    from neocfg.errors import ConfigError
+    from neocfg.plan_check import PlanError
     from neocfg.runtime.train import Trainer
 
     cfg = compose_cfg(["model=dlrm_tiny", f"train.batch_size={B}", "train.dense_grad_sync=exchange"])
@@ -135,5 +136,5 @@ def test_a_plan_that_overlaps_an_exchange_carrying_dense_gradients_is_refused(on
                                           sharding=S.table_wise), source_prefetches=False)
     bad = dataclasses.replace(plan, strategies=dataclasses.replace(plan.strategies, output_overlap=True))
     source = SyntheticSource(SyntheticData.for_model(cfg.model, 0), 0, 1, B, cycle=3)
-    with pytest.raises(ConfigError, match=r"strategies.output_overlap.*dense_grad_sync=exchange.*allowed here: false"):
+    with pytest.raises(PlanError, match=r"strategies: output_overlap=true with dense_grad_sync=exchange.*allowed"):
         Trainer(cfg, bad, None, torch.device("cpu"), source=source)

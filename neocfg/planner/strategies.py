@@ -27,6 +27,7 @@ from neocfg.config.schema import NeocfgConfig
 from neocfg.errors import ConfigError
 from neocfg.plan import Plan, StepStrategies
 from neocfg.sharding import SCHEMES, OutputKind, Routing
+from neocfg.sharding import has_all_to_all as tables_have_all_to_all
 from neocfg.sharding.collectives import ID32_LIMIT, LENGTH_ENTRIES_PER_ID, Collective, encoding_for, step_collectives
 from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, RoutingEncoding
 
@@ -45,9 +46,8 @@ def _row_sharded(plan: Plan) -> list[int]:
 
 
 def has_all_to_all(plan: Plan) -> bool:
-    """Some table's pooled outputs come back by the all-to-all."""
-    return any(SCHEMES[t.sharding].output_kind([s.rank for s in t.shards], plan.world_size, plan.devices_per_node)
-               is OutputKind.all_to_all for t in plan.tables)
+    """Some table's pooled outputs come back by the all-to-all (neocfg.sharding.has_all_to_all)."""
+    return tables_have_all_to_all(plan.tables, plan.world_size, plan.devices_per_node)
 
 
 def ids_exchange(mode: IdsExchange, plan: Plan, cpu_ranks: bool, source_prefetches: bool) -> IdsExchange:

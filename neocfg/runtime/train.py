@@ -29,6 +29,7 @@ from neocfg.data.dpp.sizing import PlannedDpp
 from neocfg.data.source import BatchSource, make_source
 from neocfg.errors import ConfigError, DivergedError
 from neocfg.plan import Plan
+from neocfg.plan_check import PlanError, strategies_fault
 from neocfg.run_metrics import DppCounters, RunMetrics, TermMs
 from neocfg.runtime.checkpoint import Checkpointer, rng_state, set_rng_state
 from neocfg.runtime.dist import Comm, PendingPooled, Purpose, purpose_group
@@ -89,6 +90,9 @@ class Trainer:
             raise ConfigError("planner.plan_file", None, "the plan has no strategies section (how its step runs); "
                               "plan it again with mode=plan, or resolve it with neocfg.planner.strategies."
                               "with_strategies")
+        fault = strategies_fault(plan)   # the plan validator's rule (a plan file got it when it was loaded)
+        if fault:
+            raise PlanError(f"plan: strategies: {fault}")
         # Embedding collectives get a group of their own (DDP's bucketed all-reduces run asynchronously on the
         # default group; sharing it could interleave them differently on different ranks).
         timeout = datetime.timedelta(seconds=cfg.train.collective_timeout_s)
@@ -119,17 +123,10 @@ class Trainer:
         # The dense gradients ride in the embeddings' backward all-to-all (DenseGrads), or DDP all-reduces them.
         self.dense_grads: Optional[DenseGrads] = None
         if st.dense_grad_sync is DenseGradSync.exchange:
-            if not self.emb.has_all_to_all:
-                raise ConfigError("strategies.dense_grad_sync", st.dense_grad_sync.value,
-                                  "the plan exchanges no pooled output by all-to-all; allowed here: ddp")
             self.dense_grads, self.model = DenseGrads(self.dense), self.dense
         else:
             self.model = DistributedDataParallel(self.dense, **DDP_OPTIONS,
                                                  device_ids=[device.index] if device.type == "cuda" else None)
-        if st.output_overlap and (self.dense_grads is not None or not self.emb.has_all_to_all):
-            why = ("the dense gradients ride in the outputs' backward all-to-all (dense_grad_sync=exchange)"
-                   if self.dense_grads is not None else "the plan exchanges no pooled output by all-to-all")
-            raise ConfigError("strategies.output_overlap", True, f"{why}; allowed here: false")
         self.opt = make_dense_optimizer(self.dense.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
