@@ -19,7 +19,8 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
                                                      + dense_activation_passes x activation bytes / stream bandwidth
                                                      + DDP's exposed all-reduce (runs that sync by DDP; reported)
   the output exchange (comm_fwd + comm_bwd, per rank, less its kernels as priced; runs whose all-to-all travels
-  behind the bottom MLP left out)                  = all-to-alls x collective_latency_us + reduce-scatters and
+  behind the bottom MLP left out, unless hardware.output_overlap_efficiency is 0)
+                                                   = all-to-alls x collective_latency_us + reduce-scatters and
                                                      all-gathers x reduce_scatter_latency_us + bytes / (the link's
                                                      rate, then exchange_copy_gbs for the host copies around it)
 
@@ -178,6 +179,8 @@ def features(run: dict) -> dict:
     overlap = getattr(plan.strategies, "output_overlap", None)
     if overlap is None:
         overlap = sync is DenseGradSync.ddp and outputs > gathers
+    # (a preset whose bottom MLP hides none of it, hardware.output_overlap_efficiency 0, prices it whole: kept)
+    overlap = overlap and cfg.hardware.output_overlap_efficiency > 0
     return {"ranks": [{**r, "groups": len(r["groups"])} for r in ranks], "batch": b, "world": world,
             "weights": sum(t.num_embeddings * t.embedding_dim * FP32 for t in cfg.model.tables),
             "bags": b * len(cfg.model.tables), "ids": b * sum(t.pooling_factor for t in cfg.model.tables),
@@ -320,7 +323,7 @@ def fit(runs: list[dict]) -> dict:
     # all-to-alls and its reduce-scatters and all-gathers (each kind a latency of its own) + their bytes (the bytes
     # the cost model prices, recovered from its time at its rate per byte, and the dense gradients riding in the
     # backward all-to-all where the plan folds them); runs whose all-to-all travels behind the bottom MLP (their laps
-    # hold only what it leaves exposed) are left out
+    # hold only what it leaves exposed) are left out, unless the preset's bottom MLP hides none of it
     rows, ys, names = [], [], []
     for r in runs:
         f = feats[r["name"]]
