@@ -211,8 +211,9 @@ def _fit(rows: list[list[float]], ys: list[float]) -> list[float]:
     return [float(v) for v in full]
 
 
-def fit(runs: list[dict]) -> dict:
-    """The constants (cpu_local.yaml's units) and, per term, each run's measured / fitted ratio."""
+def fit(runs: list[dict], passes: float | None = None) -> dict:
+    """The constants (cpu_local.yaml's units) and, per term, each run's measured / fitted ratio. passes: hold
+    planner.costs.dense_activation_passes (a planner constant every preset shares) at this value in the dense fit."""
     feats = {r["name"]: features(r) for r in runs}
     any_f = next(iter(feats.values()))
     ratios: dict[str, list[str]] = {}
@@ -303,11 +304,15 @@ def fit(runs: list[dict]) -> dict:
         rows, ys, names, exposed = [], [], [], []
         for r in runs:
             f = feats[r["name"]]
-            rows.append([f["kernels"], f["train_flops"], f["act_bytes"]])
-            ys.append(r["breakdown"]["dense"] - f["ddp"][us])
-            exposed.append(f["ddp"][us])
+            held = 0.0 if passes is None else passes * f["act_bytes"] / f["stream_gbs"] / 1e6
+            rows.append([f["kernels"], f["train_flops"]] + ([f["act_bytes"]] if passes is None else []))
+            ys.append(r["breakdown"]["dense"] - f["ddp"][us] - held)
+            exposed.append(f["ddp"][us] + held)
             names.append(r["name"])
         coef = _fit(rows, ys)
+        if passes is not None:   # the held term rides in `exposed`; its coefficient reported as if fitted
+            coef = coef + [passes / any_f["stream_gbs"] / 1e6]
+            rows = [x + [0.0] for x in rows]
         fitted = np.array(rows) @ np.array(coef) + np.array(exposed)
         laps = np.array(ys) + np.array(exposed)
         err = float(np.sqrt(np.mean((fitted / laps - 1) ** 2)))
@@ -350,6 +355,7 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(run_names()))
     ap.add_argument("--out", help="write the runs' laps (JSON) here")
     ap.add_argument("--fit", nargs="*", default=[], help="fit these saved runs' laps instead of training")
+    ap.add_argument("--passes", type=float, help="hold planner.costs.dense_activation_passes at this value")
     a = ap.parse_args()
     if a.fit:
         runs = [x for p in a.fit for x in json.loads(Path(p).read_text())]
@@ -357,7 +363,7 @@ def main() -> None:
         runs = measure(a.runs.split(","))
         if a.out:
             Path(a.out).write_text(json.dumps(runs))
-    print(json.dumps(fit(runs), indent=1))
+    print(json.dumps(fit(runs, a.passes), indent=1))
 
 
 if __name__ == "__main__":
