@@ -180,6 +180,7 @@ def test_the_estimate_is_never_below_the_bound(model, hardware):
     cfg = compose_cfg([f"model={model}", f"hardware={hw}", "planner.time_limit_s=5", *more])
     plan = plan_placement(cfg)
     s, e = plan.solver, plan.estimate
+    assert type(s.objective_ms) is float and type(s.gap) is float   # (numpy's would not serialize in comparisons)
     assert s.lower_bound_ms <= e.step_ms * ROUND, (s.lower_bound_ms, e.step_ms)
     assert s.objective_ms == pytest.approx(e.step_ms, rel=1e-9)
     if plan.strategies.output_overlap:

@@ -138,3 +138,28 @@ def test_impossible_constraints_name_the_table():
                        "+model.tables.0.sharding_types=[table_column_wise]"])
     with pytest.raises(ConfigError, match=r"model.tables.0='t0' is invalid: no allowed way to shard it.*ranks \[3, 9\]"):
         all_options(cfg, CostModel.from_config(cfg))
+
+
+def test_pruning_keeps_an_option_whose_device_hides_more_behind_the_bottom_mlp():
+    """Under output_overlap a device's time is less what its bottom MLP hides of its pieces' output all-to-all
+    (planner/hiding.py): an option that is faster but lets its device hide less dominates only when faster by that
+    difference too."""
+    import dataclasses
+
+    from neocfg.perf import Perf
+    from neocfg.planner.hiding import Hiding
+    from neocfg.planner.options import prune
+
+    cfg = round_cfg([("t", 100_000, 64, 4)], "planner.sharding_types=[column_wise,table_column_wise]")
+    cost = CostModel.from_config(cfg)
+    cw = next(o for o in table_options(cfg, cost, 0) if o.num_pieces == 2)
+    hiding = Hiding(efficiency=1.0, bottom=Perf(fwd_compute=10.0, bwd_compute=10.0), cost=cost,
+                    tables=tuple(cfg.model.tables))
+    # a table-column-wise piece whose outputs' wire the bottom MLP may hide 0.01 ms more of than column-wise's
+    hiding._wire.update({(0, ShardingType.column_wise, 2): (0.0, 0.0),
+                         (0, ShardingType.table_column_wise, 2): (0.006, 0.004)})
+    for slower_by, kept in ((0.005, 2), (0.02, 1)):
+        twcw = dataclasses.replace(cw, sharding=ShardingType.table_column_wise,
+                                   perf=cw.perf + Perf(fwd_comm=slower_by))
+        assert prune([cw, twcw], 0.0) == [cw]
+        assert len(prune([cw, twcw], 0.0, hiding)) == kept, slower_by

@@ -92,7 +92,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     # where cfg's strategies overlap it, hiding.py): its bound holds for every plan of the enumerated options so
     # priced.
     solver_hidden = Hiding.of(cfg, cost, dense).device_hidden(cost.topo, placements)
-    objective = max(q.total - h for q, h in zip(perf, solver_hidden)) + dense.perf.total + generation
+    objective = float(max(q.total - h for q, h in zip(perf, solver_hidden))) + dense.perf.total + generation
     lb = result.lower_bound_ms + dense.perf.total + generation
     gap = (objective - lb) / objective if objective > 0 else 0.0
     # The estimate prices the strategies the plan runs.
