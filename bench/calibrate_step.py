@@ -25,7 +25,8 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
                                                      rate, then exchange_copy_gbs for the host copies around it)
 
     .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
-    .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json]
+    .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json ...]
+        [--quiet 0.15] [--passes 6.83]
 """
 
 from __future__ import annotations
@@ -356,9 +357,13 @@ def main() -> None:
     ap.add_argument("--out", help="write the runs' laps (JSON) here")
     ap.add_argument("--fit", nargs="*", default=[], help="fit these saved runs' laps instead of training")
     ap.add_argument("--passes", type=float, help="hold planner.costs.dense_activation_passes at this value")
+    ap.add_argument("--quiet", type=float, help="fit only the saved runs during which other processes took at most "
+                    "this share of the cores")
     a = ap.parse_args()
     if a.fit:
-        runs = [x for p in a.fit for x in json.loads(Path(p).read_text())]
+        runs = [x for p in a.fit for x in json.loads(Path(p).read_text())
+                if a.quiet is None or x.get("others", 0.0) <= a.quiet]
+        print(f"fitting {len(runs)} runs", file=sys.stderr)
     else:
         runs = measure(a.runs.split(","))
         if a.out:
