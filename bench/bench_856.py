@@ -14,6 +14,7 @@ the table into bench/RESULTS.md.
     .venv/bin/python bench/bench_856.py [--steps 20] [--sharding table_wise,row_wise] [--out 856.json] [--pooling-scale 2.6]
         [--set train.ids_exchange=step ...]   (extra config overrides, e.g. the ids exchanged in the step)
     .venv/bin/python bench/bench_856.py --pooling-scale 2.6 --paired-against REV [--repeats 2] [--results]
+        [--note-file NOTE.md]   (a paragraph recorded after the table: what the runs showed beyond it)
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def markdown(cases: list[dict], a) -> str:
         f"ratio >= {TARGET_RATIO}x, data_wait + comm_input <= {TARGET_SHARE:.0%} of the step. `prefetch` is the "
         "prefetch thread's CPU per step on the rank's core (batch generation and, where prefetched, the ids "
         "exchange's host work). The machine was shared (other jobs outside the CPU lock): compare the runs' spread "
-        "before the ratio.", "", *rows])
+        "before the ratio.", "", *rows, *(["", Path(a.note_file).read_text().strip()] if a.note_file else [])])
 
 
 def main() -> None:
@@ -167,6 +168,7 @@ def main() -> None:
     ap.add_argument("--paired-against", metavar="REV", help="also run git revision REV, interleaved, as processes")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--results", action="store_true", help="write the paired table into bench/RESULTS.md")
+    ap.add_argument("--note-file", help="with --results: a paragraph recorded after the table, from this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     a = ap.parse_args()
