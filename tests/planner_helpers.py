@@ -112,7 +112,7 @@ def hidden_by_estimate(cfg, cost, placements: Sequence[Placement]) -> list[float
     a2a = any(SCHEMES[p.option.sharding].output_kind(p.ranks, topo.world, topo.devices_per_node)
               is OutputKind.all_to_all for p in placements)
     sync = dense_grad_sync(cfg.train.dense_grad_sync, dense_flops_and_params(cfg.model)[1], topo.world, a2a)
-    if not output_overlap(cfg.train.output_overlap, sync, a2a, cfg.hardware.output_overlap_efficiency):
+    if not output_overlap(cfg.train.output_overlap, sync, a2a):
         return [0.0] * topo.world
     tables = cfg.model.tables
     shapes = [cost.shape(tables[p.option.table_index], p.option.sharding,

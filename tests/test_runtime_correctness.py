@@ -101,7 +101,7 @@ CASES = {
     "mixed_in_step": (2, ADAGRAD, MIXED_2, {}, ("train.ids_exchange=step",)),
     # DDP on the dense part: the pooled outputs' all-to-all overlaps the bottom MLP, both ways (SGD: a wrong factor
     # on the embeddings' gradient shows, where Adagrad's first steps hide it)
-    "mixed_ddp": (2, SGD, MIXED_2, {}, ("train.dense_grad_sync=ddp", "train.output_overlap=overlap")),
+    "mixed_ddp": (2, SGD, MIXED_2, {}, ("train.dense_grad_sync=ddp",)),
 }
 FP16_CASES = {"fp16_comm", "bf16_comm", "fp16_weights"}
 

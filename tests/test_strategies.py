@@ -53,18 +53,16 @@ def test_config_pins_each_choice():
 
 
 def test_output_overlap_resolves_where_it_can_run():
-    """auto: the outputs' all-to-all overlaps the bottom MLP under DDP when some output comes back by all-to-all and
-    the hardware hides some of it (output_overlap_efficiency > 0; cpu_local's is 0: auto waits there); not when the
-    dense gradients ride in it, nor without one; wait pins it off; overlap pins it on; overlap where it cannot run is
-    a one-line config error naming the key."""
+    """auto: the outputs' all-to-all overlaps the bottom MLP under DDP when some output comes back by all-to-all;
+    not when the dense gradients ride in it, nor without one; wait pins it off; overlap where it cannot run is a
+    one-line config error naming the key."""
     from neocfg.errors import ConfigError
 
     def st(sharding, *over):
         cfg = compose_cfg(["train.batch_size=16", *over])
         return resolve(cfg, _plan(cfg, sharding))
 
-    assert st(None, "train.dense_grad_sync=ddp").output_overlap is False          # cpu_local: efficiency 0
-    assert st(None, "train.dense_grad_sync=ddp", "hardware.output_overlap_efficiency=0.5").output_overlap is True
+    assert st(None, "train.dense_grad_sync=ddp").output_overlap is True
     assert st(S.table_wise).output_overlap is False                # dlrm_tiny's auto sync folds: exchange
     assert st(S.row_wise, "train.dense_grad_sync=ddp").output_overlap is False      # no all-to-all output
     assert st(None, "train.dense_grad_sync=ddp", "train.output_overlap=wait").output_overlap is False
@@ -77,7 +75,7 @@ def test_output_overlap_resolves_where_it_can_run():
 
 def test_a_plan_file_without_output_overlap_waits(tmp_path):
     """Plan files written before the key existed load, and run the exchange waited for at once."""
-    cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp", "train.output_overlap=overlap"])
+    cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp"])
     d = with_strategies(cfg, _plan(cfg)).to_dict()
     assert d["strategies"].pop("output_overlap") is True
     path = tmp_path / "plan.json"

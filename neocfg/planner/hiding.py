@@ -29,9 +29,7 @@ from neocfg.types import DenseGradSync, OutputOverlap
 def planned_output_overlap(cfg: NeocfgConfig) -> bool:
     """Whether a plan with an all-to-all output will overlap it with the bottom MLP, by the strategies' rule
     (neocfg.planner.strategies.output_overlap) with the dense sync priced before placement (planned_dense_sync)."""
-    mode = cfg.train.output_overlap
-    return (mode is OutputOverlap.overlap or (mode is OutputOverlap.auto and cfg.hardware.output_overlap_efficiency > 0)) \
-        and planned_dense_sync(cfg) is DenseGradSync.ddp
+    return cfg.train.output_overlap is not OutputOverlap.wait and planned_dense_sync(cfg) is DenseGradSync.ddp
 
 
 @dataclass(frozen=True)

@@ -69,11 +69,8 @@ def dense_grad_sync(sync: DenseGradSync, dense_params: int, world: int, all_to_a
     return DenseGradSync.ddp
 
 
-def output_overlap(mode: OutputOverlap, sync: DenseGradSync, all_to_all: bool, efficiency: float) -> bool:
-    """Whether the pooled outputs' all-to-all overlaps the bottom MLP (`sync`: the resolved dense-gradient sync;
-    `efficiency`: hardware.output_overlap_efficiency). auto overlaps only where the hardware hides some of it: on a
-    CPU rank (efficiency 0) gloo's thread takes the rank's own core, and the time the wait loses moves into the
-    bottom MLP (whole runs measured no gain), so the step waits for the outputs at once and is priced as it runs."""
+def output_overlap(mode: OutputOverlap, sync: DenseGradSync, all_to_all: bool) -> bool:
+    """Whether the pooled outputs' all-to-all overlaps the bottom MLP (`sync`: the resolved dense-gradient sync)."""
     if mode is OutputOverlap.wait:
         return False
     if mode is OutputOverlap.overlap and not all_to_all:
@@ -83,7 +80,7 @@ def output_overlap(mode: OutputOverlap, sync: DenseGradSync, all_to_all: bool, e
         raise ConfigError("train.output_overlap", mode.value, f"the dense gradients ride in the outputs' backward "
                           f"all-to-all (dense_grad_sync resolved to {sync.value}); allowed here: auto, wait, or "
                           f"overlap with train.dense_grad_sync=ddp")
-    return all_to_all and sync is DenseGradSync.ddp and (mode is OutputOverlap.overlap or efficiency > 0)
+    return all_to_all and sync is DenseGradSync.ddp
 
 
 def id_dtype(plan: Plan, batch_size: int) -> IdDtype:
@@ -125,8 +122,7 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     return StepStrategies(
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange, dense_grad_sync=sync,
         id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
-        id_weights=id_weights(cfg), output_overlap=output_overlap(tc.output_overlap, sync, all_to_all,
-                                                                  cfg.hardware.output_overlap_efficiency))
+        id_weights=id_weights(cfg), output_overlap=output_overlap(tc.output_overlap, sync, all_to_all))
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:
