@@ -319,15 +319,3 @@ def test_the_bottom_mlp_hides_the_outputs_all_to_all(bottom, eff):
         assert was.total_ms - now.total_ms == pytest.approx(hidden, rel=1e-6, abs=1e-9), r
     assert on.estimate.step_ms == pytest.approx(max(d.total_ms for d in on.devices), rel=1e-12)
     assert on.estimate.step_ms < off.estimate.step_ms or bottom == "none" or eff == 0
-
-
-def test_cpu_local_hides_nothing_behind_the_bottom_mlp():
-    """cpu_local's output_overlap_efficiency is 0 (gloo's thread shares the rank's core: no gain measured), so a plan
-    that overlaps the outputs' all-to-all with the bottom MLP is estimated as one that waits for it."""
-    cfg = compose_cfg(["model=dlrm_tiny", "hardware=cpu_local", f"train.batch_size={BATCH}",
-                       "train.dense_grad_sync=ddp", "train.ids_exchange=step"])
-    assert cfg.hardware.output_overlap_efficiency == 0
-    tables = {t.name: s for t, s in zip(cfg.model.tables, MIX)}
-    on, off = _rated(cfg, tables, True), _rated(cfg, tables, False)
-    assert on.estimate.output_hidden_ms == 0
-    assert [d.total_ms for d in on.devices] == pytest.approx([d.total_ms for d in off.devices], rel=1e-12)
