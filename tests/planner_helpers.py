@@ -100,10 +100,10 @@ def check_plan_contract(plan: Plan, hbm_capacity: int | None = None) -> None:
 
 
 def hidden_by_estimate(cfg, cost, placements: Sequence[Placement]) -> list[float]:
-    """Per device, what the estimate takes off for the bottom MLP's cover of the outputs' all-to-all
-    (neocfg.planner.assemble.output_overlap_ms) where the plan's strategies overlap it (the strategies' rules on the
-    plan's output kinds), independent of the solvers' view (neocfg.planner.hiding)."""
-    from neocfg.planner.assemble import output_overlap_ms
+    """Per device, what the estimate should take off for the bottom MLP's cover of the outputs' all-to-all where the
+    plan's strategies overlap it (the strategies' rules on the plan's output kinds), written out here from the
+    documented rule, independent of neocfg.planner.hiding: each way, min(efficiency x (one collective's latency + the
+    device's pieces' output wire time), the bottom MLP's compute that way)."""
     from neocfg.planner.costs import dense_cost, dense_flops_and_params
     from neocfg.planner.strategies import dense_grad_sync, output_overlap
     from neocfg.sharding import SCHEMES, OutputKind
@@ -117,7 +117,15 @@ def hidden_by_estimate(cfg, cost, placements: Sequence[Placement]) -> list[float
     tables = cfg.model.tables
     shapes = [cost.shape(tables[p.option.table_index], p.option.sharding,
                          p.option.num_pieces if SCHEMES[p.option.sharding].sliced else 1) for p in placements]
-    return [h.total for h in output_overlap_ms(cost, placements, shapes, tables, dense_cost(cfg).bottom)]
+    wire = [[0.0, 0.0] for _ in range(topo.world)]
+    for p, shape in zip(placements, shapes):
+        fwd, bwd = cost.output_wire_ms(tables[p.option.table_index], p.option.sharding, shape)
+        for r in p.ranks:
+            wire[r][0] += fwd
+            wire[r][1] += bwd
+    bottom, eff, alpha = dense_cost(cfg).bottom, cost.output_overlap_efficiency, cost.collective_latency_ms
+    return [min(eff * (alpha + f), bottom.fwd_compute) + min(eff * (alpha + b), bottom.bwd_compute)
+            for f, b in wire]
 
 
 def step_by_cost_model(cost, dense_ms: float, placements: Sequence[Placement], cfg=None) -> float:

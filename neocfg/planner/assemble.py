@@ -130,7 +130,7 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     if strategies.output_overlap:
         # the outputs' all-to-all travels behind the bottom MLP's forward, its gradients' behind its backward:
         # what the bottom MLP covers is counted once (in the dense term), the rest stays exposed in comm
-        hidden = output_overlap_ms(cost, placements, shapes, tables, dense.bottom)
+        hidden = Hiding.priced(cost, dense.bottom, tables).per_device(cost.topo, placements)
         perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - h.fwd_comm, bwd_comm=q.bwd_comm - h.bwd_comm)
                 for q, h in zip(perf, hidden)]
     devices = tuple(
@@ -154,26 +154,6 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
     dp_update, dp_all_reduce = replica_backward_ms(cfg, plan, cost)
     return with_collectives(cfg, dataclasses.replace(plan, estimate=dataclasses.replace(
         plan.estimate, dp_update_ms=dp_update, dp_all_reduce_ms=dp_all_reduce)))
-
-
-def output_overlap_ms(cost: CostModel, placements: Sequence[Placement], shapes: Sequence[PieceShape],
-                      tables: Sequence[TableConfig], bottom: Perf) -> list[Perf]:
-    """Per device, the part of the pooled outputs' all-to-all (fwd_comm) and of its gradients' (bwd_comm) that runs
-    behind the bottom MLP's forward and backward (StepStrategies.output_overlap): the share
-    hardware.output_overlap_efficiency of the collective's latency and its bytes at the link rate, up to the bottom
-    MLP's compute (`bottom`, DenseCost.bottom). The exchange's host copies run on the step's thread, before and after
-    the collective: never hidden."""
-    wire = [[0.0, 0.0] for _ in range(cost.topo.world)]
-    for p, shape in zip(placements, shapes):
-        fwd, bwd = cost.output_wire_ms(tables[p.option.table_index], p.option.sharding, shape)
-        for r in p.ranks:
-            wire[r][0] += fwd
-            wire[r][1] += bwd
-    # every rank takes part in each of the two all-to-alls, pieces or not
-    alpha, eff = cost.collective_latency_ms, cost.output_overlap_efficiency
-    return [Perf(fwd_comm=min(eff * (fwd + alpha), bottom.fwd_compute),
-                 bwd_comm=min(eff * (bwd + alpha), bottom.bwd_compute))
-            for fwd, bwd in wire]
 
 
 def replica_backward_ms(cfg: NeocfgConfig, plan: Plan, cost: CostModel | None = None) -> tuple[float, float]:

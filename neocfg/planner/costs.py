@@ -226,8 +226,7 @@ class CostModel:
     hbm_capacity: int         # usable bytes of device memory per device for embeddings
     host_capacity: int        # usable bytes of host DDR per device (the node's DDR shared by its devices)
     collective_latency_ms: float = 0.0   # alpha: fixed time of one collective
-    # ... of one of the exchange's reduce-scatters or all-gathers (None: collective_latency_ms)
-    reduce_scatter_latency_ms: Optional[float] = None
+    reduce_scatter_latency_ms: float = 0.0   # ... of one of the exchange's reduce-scatters or all-gathers
     all_reduce_latency_ms: float = 0.0   # ... of the data-parallel gradient all-reduce
     kernel_overhead_ms: float = 0.0      # fixed host-side time of one kernel (op)
     routing_ms_per_step: float = 0.0     # host time of the id routing per step (IdRouter: constant ops)
@@ -345,13 +344,8 @@ class CostModel:
         world, per = self.topo.world, self.topo.devices_per_node
         gathers = gather_collectives(shardings - replicated, world, per)
         alpha = (embedding_collectives(shardings - replicated, self.exposed_id_collectives, world, per) - gathers) \
-            * self.collective_latency_ms + gathers * self.gather_latency_ms
+            * self.collective_latency_ms + gathers * self.reduce_scatter_latency_ms
         return alpha + (self.all_reduce_latency_ms if replicated else 0.0) + self.rider_ms(shardings)
-
-    @property
-    def gather_latency_ms(self) -> float:
-        """One of the exchange's reduce-scatters or all-gathers (reduce_scatter_latency_ms, else a collective's)."""
-        return self.collective_latency_ms if self.reduce_scatter_latency_ms is None else self.reduce_scatter_latency_ms
 
     def rider_ms(self, shardings: Iterable[ShardingType]) -> float:
         """The dense gradients riding in the backward all-to-all (world x their fp32 bytes each way, with the

@@ -5,9 +5,10 @@ Where the plan overlaps (StepStrategies.output_overlap: the outputs' all-to-all 
 gradients' before the bottom MLP's backward), each device's step is shorter by, each way,
   h = min(efficiency x (latency x [some output comes back by all-to-all] + its pieces' all-to-all wire time),
           the bottom MLP's compute)
-(neocfg.planner.assemble.output_overlap_ms prices the same for the estimate; efficiency is
-hardware.output_overlap_efficiency). The solvers plan with it where cfg's strategies will overlap on any plan that
-has an all-to-all output (planned_output_overlap); a plan without one hides nothing (the indicator above).
+(efficiency is hardware.output_overlap_efficiency). The solvers plan with it where cfg's strategies will overlap on
+any plan that has an all-to-all output (planned_output_overlap); a plan without one hides nothing (the indicator
+above). The estimate (neocfg.planner.assemble) prices the same, Hiding.priced, where the plan's own strategies
+overlap.
 """
 
 from __future__ import annotations
@@ -45,11 +46,16 @@ class Hiding:
 
     @staticmethod
     def of(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost) -> "Hiding":
+        return Hiding.priced(cost, dense.bottom, cfg.model.tables) if planned_output_overlap(cfg) else NO_HIDING
+
+    @staticmethod
+    def priced(cost: CostModel, bottom: Perf, tables: Sequence[TableConfig]) -> "Hiding":
+        """What overlapping hides at the cost model's efficiency, behind this bottom MLP, whatever cfg asks."""
         eff = cost.output_overlap_efficiency
-        if not planned_output_overlap(cfg) or eff <= 0 or dense.bottom.compute <= 0:
+        if eff <= 0 or bottom.compute <= 0:
             return NO_HIDING
-        return Hiding(efficiency=eff, latency_ms=cost.collective_latency_ms, bottom=dense.bottom, cost=cost,
-                      tables=tuple(cfg.model.tables))
+        return Hiding(efficiency=eff, latency_ms=cost.collective_latency_ms, bottom=bottom, cost=cost,
+                      tables=tuple(tables))
 
     @property
     def on(self) -> bool:
@@ -76,10 +82,16 @@ class Hiding:
         """efficiency x one all-to-all's latency: what a device hides of it each way (every rank takes part)."""
         return self.efficiency * self.latency_ms
 
-    def device_hidden(self, topo: Topology, placements: Sequence[Placement]) -> np.ndarray:
-        """Per device: what the bottom MLP hides of this plan's output all-to-alls (forward + backward)."""
-        if self.cost is None:
-            return np.zeros(topo.world)
+    def _capped(self, fwd, bwd):
+        """What is hidden each way of efficiency x (latency + wire time) (wire already x efficiency: piece()), up to
+        the bottom MLP's forward and backward compute: the one place the rule is written (floats or per-device
+        arrays)."""
+        return (np.minimum(self.latency + fwd, self.bottom.fwd_compute),
+                np.minimum(self.latency + bwd, self.bottom.bwd_compute))
+
+    def _device_wire(self, topo: Topology, placements: Sequence[Placement]) -> Optional[np.ndarray]:
+        """[device, way] efficiency x the wire time of its pieces' output all-to-alls; None where no output comes
+        back by all-to-all (then nothing is hidden, latency included)."""
         wire = np.zeros((topo.world, 2))
         a2a = False
         for p in placements:
@@ -90,10 +102,24 @@ class Hiding:
             for r in p.ranks:
                 wire[r, 0] += f
                 wire[r, 1] += b
-        if not a2a:
+        return wire if a2a else None
+
+    def per_device(self, topo: Topology, placements: Sequence[Placement]) -> list[Perf]:
+        """Per device: what the bottom MLP hides of this plan's output all-to-all (fwd_comm) and of its gradients'
+        (bwd_comm)."""
+        wire = self._device_wire(topo, placements)
+        if wire is None:
+            return [Perf()] * topo.world
+        fwd, bwd = self._capped(wire[:, 0], wire[:, 1])
+        return [Perf(fwd_comm=float(f), bwd_comm=float(b)) for f, b in zip(fwd, bwd)]
+
+    def device_hidden(self, topo: Topology, placements: Sequence[Placement]) -> np.ndarray:
+        """Per device: what the bottom MLP hides of this plan's output all-to-alls (forward + backward)."""
+        wire = self._device_wire(topo, placements)
+        if wire is None:
             return np.zeros(topo.world)
-        return (np.minimum(self.latency + wire[:, 0], self.bottom.fwd_compute)
-                + np.minimum(self.latency + wire[:, 1], self.bottom.bwd_compute))
+        fwd, bwd = self._capped(wire[:, 0], wire[:, 1])
+        return fwd + bwd
 
     def most(self, options: Sequence[Sequence[ShardingOption]]) -> float:
         """The most any device of any plan of these options hides: a device holds at most one piece of a table."""
@@ -101,8 +127,7 @@ class Hiding:
             return 0.0
         fwd = sum(max((self.piece(o)[0] for o in opts if self.all_to_all(o)), default=0.0) for opts in options)
         bwd = sum(max((self.piece(o)[1] for o in opts if self.all_to_all(o)), default=0.0) for opts in options)
-        return (min(self.latency + fwd, self.bottom.fwd_compute)
-                + min(self.latency + bwd, self.bottom.bwd_compute))
+        return float(sum(self._capped(fwd, bwd)))
 
     def margin(self, a: ShardingOption, b: ShardingOption) -> float:
         """How much less a piece of `a` may let its device hide than a piece of `b` in its place (0: no less)."""
