@@ -18,7 +18,10 @@ step. Both skip 2 warm-up steps.
 interleaving, e.g. --variant "nopipe:train.pipeline=false"; its ratio to TorchRec is printed too.
 
 Models: `tiny8` (8 tables of dim 16, 1k..200k rows, pooling 1..4, dlrm_tiny's MLPs) and `criteo` (the Criteo
-Kaggle tables capped at 1M rows, dim 16, MLPs 512-256-64-16 / 512-256-1).
+Kaggle tables capped at 1M rows, dim 16, MLPs 512-256-64-16 / 512-256-1); any other model as PRESET@ROWS[:dim=D]: a
+conf/model preset with every table capped at ROWS rows and, with dim=D, every table's dim and the bottom MLP's last
+layer D (TorchRec's DLRM and DLRM_DCN need one dim, the bottom MLP's last), e.g. `criteo_tb_mlperf_v1@100000:dim=32`
+(a shape neither system was tuned on).
 
 --whole-run: the comparison a user makes, each system as its own processes: `neocfg mode=train` (a subprocess,
 spawning its 2 ranks) on the same plan, once with dsi.cycle_batches=8 (the same cycled batches) and once on its
@@ -101,13 +104,35 @@ def model_overrides(model: str, ids: str = "zipf") -> list[str]:
     elif model == "criteo":
         out = ["model=criteo_kaggle", *cap_rows("criteo_kaggle", 1_000_000)]
         n_tables = len(compose_cfg(["model=criteo_kaggle"]).model.tables)
+    elif "@" in model:
+        out, n_tables = preset_overrides(model)
     else:
-        raise SystemExit(f"--models: unknown model {model!r}; allowed: tiny8, criteo")
+        raise SystemExit(f"--models: unknown model {model!r}; allowed: tiny8, criteo, PRESET@ROWS[:dim=D]")
     if ids not in ID_KINDS:
         raise SystemExit(f"--ids: unknown id distribution {ids!r}; allowed: {', '.join(ID_KINDS)}")
     if ids == "uniform":
         out += [f"model.tables.{i}.zipf_alpha=0" for i in range(n_tables)]
     return out
+
+
+def preset_overrides(spec: str) -> tuple[list[str], int]:
+    """PRESET@ROWS[:dim=D] (see the module's doc) as overrides, and the preset's number of tables."""
+    name, _, rest = spec.partition("@")
+    rows, *opts = rest.split(":")
+    presets = sorted(p.stem for p in (REPO / "conf" / "model").glob("*.yaml"))
+    if name not in presets:
+        raise SystemExit(f"--models: unknown preset {name!r} in {spec!r}; allowed: {', '.join(presets)}")
+    if not rows.isdigit() or int(rows) < 1:
+        raise SystemExit(f"--models: {spec!r}: the row cap {rows!r} must be a positive integer")
+    cfg = compose_cfg([f"model={name}"])
+    out = [f"model={name}", f"model.name={name}_{rows}", *cap_rows(name, int(rows))]
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key != "dim" or not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"--models: {spec!r}: unknown option {opt!r}; allowed: dim=D (a positive integer)")
+        out += [f"model.tables.{i}.embedding_dim={value}" for i in range(len(cfg.model.tables))]
+        out.append(f"model.bottom_mlp=[{','.join(map(str, [*cfg.model.bottom_layers[:-1], int(value)]))}]")
+    return out, len(cfg.model.tables)
 
 
 def train_overrides(batch: int, steps: int, sharding_types: str | None, extra: tuple[str, ...] = ()) -> list[str]:
@@ -144,7 +169,7 @@ def _build_dmp(cfg, exported: dict, rank: int):
     import torch
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.models.dlrm import DLRM
+    from torchrec.models.dlrm import DLRM, DLRM_DCN
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
     from torchrec.optim.keyed import KeyedOptimizerWrapper
@@ -158,8 +183,11 @@ def _build_dmp(cfg, exported: dict, rank: int):
     ebc = EmbeddingBagCollection(tables=[
         EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
                            feature_names=[t.name]) for t in m.tables], device=torch.device("meta"))
-    model = DLRM(embedding_bag_collection=ebc, dense_in_features=m.num_dense_features,
-                 dense_arch_layer_sizes=list(m.bottom_layers), over_arch_layer_sizes=list(m.top_mlp))
+    arch = dict(embedding_bag_collection=ebc, dense_in_features=m.num_dense_features,
+                dense_arch_layer_sizes=list(m.bottom_layers), over_arch_layer_sizes=list(m.top_mlp))
+    dcn = m.interaction.value == "dcn"
+    model = (DLRM_DCN(**arch, dcn_num_layers=m.dcn_num_layers, dcn_low_rank_dim=m.dcn_low_rank_dim) if dcn
+             else DLRM(**arch))
     sharders = [CpuRowWiseEmbeddingBagCollectionSharder(fused_params={
         "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": LR})]   # TorchRec's EBC sharder + CPU RW
     plan = to_sharding_plan(exported, {t.name: "sparse_arch.embedding_bag_collection" for t in m.tables})

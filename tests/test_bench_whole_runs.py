@@ -63,3 +63,21 @@ def test_record_from_refuses_files_of_another_bench_or_mixed_repeats(tmp_path, m
     three = _out(tmp_path, "three.json", "tiny8", "table_wise", 800, runs, repeats=3)
     with pytest.raises(SystemExit, match=r"different --repeats \(\[2, 3\]\)"):
         bench.record_whole_runs([two, three])
+
+
+def test_a_preset_model_spec_caps_rows_and_sets_one_dim():
+    """--models PRESET@ROWS:dim=D: the preset's tables capped, every table and the bottom MLP's last layer at D (what
+    TorchRec's DLRM needs), uniform ids zeroing every table's skew; bad specs exit naming the part and what is
+    allowed."""
+    bench = _bench()
+    cfg = bench.neocfg_config("criteo_tb_mlperf_v1@100000:dim=32", 512, 10, "table_wise", ids="uniform")
+    tables = cfg.model.tables
+    assert len(tables) == 26
+    assert max(t.num_embeddings for t in tables) == 100_000 and min(t.num_embeddings for t in tables) < 100_000
+    assert {t.embedding_dim for t in tables} == {32} and cfg.model.bottom_layers[-1] == 32
+    assert all(t.alpha == 0 for t in tables)
+    assert bench.neocfg_config("dlrm_tiny@500", 512, 10, None).model.tables[0].embedding_dim == 16
+    for bad, says in [("nope@10", "unknown preset 'nope'"), ("dlrm_tiny@x", "row cap 'x'"),
+                      ("dlrm_tiny@10:width=3", "unknown option 'width=3'")]:
+        with pytest.raises(SystemExit, match=says):
+            bench.model_overrides(bad)
