@@ -11,7 +11,8 @@ import pytest
 
 from neocfg.data.arrays import BatchArrays
 from neocfg.data.source import Prefetcher, SyntheticSource
-from neocfg.data.synthetic import CHUNK_SIZE, ID_BLOCK, SyntheticData, bag_sums, expand, scatter_ranks, zipf_ids
+from neocfg.data.synthetic import (CHUNK_SIZE, FLOAT_SCATTER_ROWS, ID_BLOCK, SyntheticData, _BlockBagSums, _LengthLaw,
+                                   _scatter_constants, _scatter_float, scatter_ranks, zipf_ids)
 
 DATA = SyntheticData(num_dense=3, rows=(100, 1000, 50, 7), pooling=(1.0, 3.5, 0.3, 2.0),
                      alphas=(1.0, 0.8, 1.3, 1.05), seed=5)
@@ -60,17 +61,14 @@ def test_each_table_keeps_its_own_pooling_rows_and_skew():
         assert abs(freq - p1) < 4 * sigma + 1e-3, (t, freq, p1)
 
 
-@pytest.mark.parametrize("counts", [[3, 0, 2, 0, 0, 1], [0, 0, 4], [5], [0, 0], []])
-def test_expand_repeats_each_index_its_count_times(counts):
-    np.testing.assert_array_equal(expand(np.array(counts, np.int64)), np.repeat(np.arange(len(counts)), counts))
-
-
 @pytest.mark.parametrize("lengths", [[2, 0, 3, 0], [0, 0, 1], [0, 0], [4], [0, 5, 0, 0, 1]])
 def test_bag_sums_add_each_bags_values_and_empty_bags_are_zero(lengths):
     lengths = np.array(lengths, np.int64)
     values = np.arange(1, lengths.sum() + 1, dtype=np.float32) ** 2
     want = [float(values[s:s + n].sum()) for s, n in zip(np.cumsum(lengths) - lengths, lengths)]
-    np.testing.assert_array_equal(bag_sums(values, lengths), want)
+    bags = _BlockBagSums(lengths)
+    bags.add(0, values)
+    np.testing.assert_array_equal(bags.sums(), want)
 
 
 def test_id_scores_are_uniform_independent_per_table_and_the_same_in_both_forms():
@@ -288,3 +286,65 @@ def test_prefetcher_hands_out_pregenerated_batches_in_the_callers_thread():
     assert threads[-1] is not threading.current_thread()
     for s in (pre, resumed):
         s.close()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 20_000, 2**23 + 9, FLOAT_SCATTER_ROWS - 1, FLOAT_SCATTER_ROWS - 3])
+def test_float_scatter_is_exact_up_to_its_row_limit(rows):
+    """Below FLOAT_SCATTER_ROWS the generator scatters in float64: the exact (rank x m + c) mod rows (Python
+    integers) for ranks 0 .. rows + 1, at the edges (the ranks whose row is 0 or rows - 1) and at random."""
+    for table in (0, 5):
+        m, c = (int(x[0]) for x in _scatter_constants(np.array([rows]), np.array([table])))
+        edge = [((k - c) * pow(m, -1, rows)) % rows if rows > 1 else 0 for k in (0, rows - 1, rows // 2)]
+        ranks = np.r_[0, 1, 2, rows - 1, rows, rows + 1, edge, [e + rows for e in edge],
+                      np.random.default_rng(rows).integers(0, rows + 2, 100_000)].astype(np.int64)
+        want = [(int(r) * m + c) % rows for r in ranks]
+        got = _scatter_float(ranks.astype(np.float64), m / rows, (c + 0.5) / rows, float(rows))
+        assert got.tolist() == want, (rows, table)
+
+
+@pytest.mark.parametrize("rows", [2**20 + 5, FLOAT_SCATTER_ROWS + 7])
+def test_large_tables_draw_in_float64_and_scatter_in_int64(rows):
+    """Above FLOAT32_ROWS the Zipf law runs in float64, above FLOAT_SCATTER_ROWS the scatter in int64: ids stay in
+    range and the hottest rank's share is the law's."""
+    n, alpha = 200_000, 1.1
+    ids = zipf_ids(np.random.default_rng(2), rows, alpha, n, tables=[3])
+    assert ids.min() >= 0 and ids.max() < rows
+    e = 1.0 - alpha
+    p1 = (2**e - 1) / ((rows + 1) ** e - 1)
+    freq = float(np.mean(ids == scatter_ranks(0, rows, 3)))
+    assert abs(freq - p1) < 5 * np.sqrt(p1 * (1 - p1) / n), (freq, p1)
+
+
+def test_pooling_lengths_follow_the_reference_law():
+    """The chunk's guide-table inverse CDF draws the pooling law: 1 + Poisson(p - 1), Bernoulli(p) below 1."""
+    pooling = [0.0, 0.3, 1.0, 1.5, 2.6, 14.7, 130.0, 3000.0]
+    n = 100_000
+    got = _LengthLaw.of(pooling).sample(np.random.default_rng(4), n)
+    assert got.shape == (len(pooling), n)
+    for p, lengths in zip(pooling, got):
+        if p < 1:
+            pmf = {0: 1 - p, 1: p}
+        else:
+            lam = p - 1
+            ks = np.arange(max(0, int(lam - 8 * np.sqrt(lam) - 10)), int(lam + 8 * np.sqrt(lam) + 10))
+            pmf = {int(k) + 1: math.exp(k * math.log(lam) - lam - math.lgamma(k + 1)) if lam else float(k == 0)
+                   for k in ks}
+        assert lengths.min() >= min(pmf) and lengths.max() <= max(pmf), p
+        counts = np.bincount(lengths - min(pmf), minlength=len(pmf))
+        for k, pk in pmf.items():
+            f = counts[k - min(pmf)] / n
+            assert abs(f - pk) < 5 * np.sqrt(pk * (1 - pk) / n) + 1e-4, (p, k, f, pk)
+        assert float(lengths.mean()) == pytest.approx(p, abs=5 * np.sqrt(max(p - 1, p * (1 - p), 1e-9) / n) + 1e-9)
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64])
+def test_bag_sums_added_block_by_block_equal_the_whole_arrays(block):
+    lengths = np.random.default_rng(block).poisson(2.0, (3, 11))
+    lengths[1, 4:7] = 0
+    values = np.random.default_rng(0).random(int(lengths.sum())).astype(np.float32)
+    bags = _BlockBagSums(lengths)
+    for lo in range(0, len(values), block):
+        bags.add(lo, values[lo:lo + block])
+    whole = _BlockBagSums(lengths)
+    whole.add(0, values)
+    np.testing.assert_allclose(bags.sums(), whole.sums(), rtol=1e-6)
