@@ -50,6 +50,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -343,7 +344,7 @@ def whole_run_case(model: str, ids: str, sharding: str, a, tmp: Path) -> dict:
     processes on the same plan, interleaved A/B/C, A/B/C..., best of a.repeats."""
     from neocfg.contract import load_or_make_plan
 
-    case = tmp / f"{model}_{ids}_{sharding}"
+    case = tmp / re.sub(r"[^A-Za-z0-9_.-]", "_", f"{model}_{ids}_{sharding}")   # a path Hydra overrides can hold
     case.mkdir()
     overrides = [*model_overrides(model, ids), *train_overrides(a.batch, a.whole_steps, sharding)]
     plan_file = case / "plan.json"
