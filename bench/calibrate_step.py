@@ -7,7 +7,12 @@ gloo threads on the same cores, caches shared with the dense part, the prefetch 
 squares over the runs (and over the ranks, for the per-rank embedding laps), to the features the cost model prices:
 
   embedding compute (emb_fwd + emb_bwd, per rank)  = tbe_us_per_group x groups + tbe_ns_per_bag x bags
+                                                     + tbe_ns_per_bag_column x bags x their columns
+                                                     + tbe_ns_per_row x distinct rows looked up
+                                                     + tbe_ns_per_far_row x those of pieces spanning more than
+                                                       table_reach_mib (x 1 - the reach / the span)
                                                      + rows' bytes / (hbm_bandwidth_gbs x hbm_efficiency) x 3
+                                                       (the Zipf head's at cache_bandwidth_gbs)
   data (the prefetch lap, ids exchanged in the step) = synthetic_us_per_batch + synthetic_us_per_sample x B
                                                      + synthetic_ns_per_bag x B x tables + synthetic_ns_per_id x ids
   ids exchanged in the step (table-wise runs: the comm_input lap, the router's pass and the pipelined id exchange)
@@ -15,7 +20,7 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
   data, ids exchanged in the prefetch thread (row-wise runs), less the generation fitted above
                                                    = routing_us_per_step + (routing_ns_per_id fitted above
                                                      + routing_ns_per_row_id) x ids received
-  dense (the dense lap)                            = kernel_overhead_us x kernels + train FLOPs / (peak x mfu)
+  dense (the dense lap)                            = dense_fixed_us + train FLOPs / (peak x mfu)
                                                      + dense_activation_passes x activation bytes / stream bandwidth
                                                      + DDP's exposed all-reduce (runs that sync by DDP; reported)
   the output exchange (comm_fwd + comm_bwd, per rank, less its kernels as priced; runs whose all-to-all travels
@@ -62,12 +67,15 @@ DDP_LATENCY_US = (0.0, 50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1
                   3200.0, 3600.0, 4000.0)
 # Sizes of a rank's processor cache tried by the compute fit, MiB (the per-rank share of an L3 of a few to tens of MiB).
 CACHE_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+# Spans of one table's rows tried as the device's table reach, MiB (beyond it a distinct row costs more: the 4 KiB
+# pages' translations and the 2 MiB L2 of one core hold a few MiB of rows).
+REACH_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 
 
 def _model(name: str, tables: int, rows: int, pooling: float, bottom: list[int], top: list[int],
-           interaction: str = "dot", alpha: float = 0.0, **extra) -> dict:
+           interaction: str = "dot", alpha: float = 0.0, dim: int = DIM, **extra) -> dict:
     return {"name": name, "num_dense_features": 13, "bottom_mlp": bottom, "top_mlp": top, "interaction": interaction,
-            "tables": [{"name": f"c{i}", "num_embeddings": rows, "embedding_dim": DIM, "pooling_factor": pooling,
+            "tables": [{"name": f"c{i}", "num_embeddings": rows, "embedding_dim": dim, "pooling_factor": pooling,
                         "zipf_alpha": alpha} for i in range(tables)], **extra}
 
 
@@ -86,6 +94,12 @@ def _runs() -> dict[str, CalRun]:
     deep = _model("cal_deep", 400, 10_000, 25, [64, DIM], [64, 1], "dcn", dcn_low_rank_dim=16, dcn_num_layers=1)
     # the same with Zipf-skewed ids (the generator's inverse-CDF path instead of the uniform one)
     skewed = {**deep, "name": "cal_skewed", "tables": [{**t, "zipf_alpha": 1.1} for t in deep["tables"]]}
+    # other dims (the TBE's work per bag and per row grows with the columns): 8, 32 and 64
+    few32 = _model("cal_few32", 10, 20_000, 3, [32, 32], [32, 1], dim=32)
+    many8 = _model("cal_many8", 60, 20_000, 8, [32, 8], [64, 1], dim=8)
+    mid64 = _model("cal_mid64", 20, 100_000, 2, [64, 64], [64, 1], alpha=0.8, dim=64)
+    # large tables (51 MB each): rows the processor caches do not hold
+    big32 = _model("cal_big32", 8, 400_000, 4, [64, 32], [64, 1], dim=32)
     return {
         "few_tw": CalRun(Kind("few", few, steps=200), "table_wise", 256),
         "few_tw_1024": CalRun(Kind("few", few, steps=100), "table_wise", 1024),
@@ -99,6 +113,14 @@ def _runs() -> dict[str, CalRun]:
         "deep_tw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
         "deep_rw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "row_wise", 256),
         "skewed_tw": CalRun(Kind("skewed", skewed, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
+        "few32_tw": CalRun(Kind("few32", few32, steps=200), "table_wise", 256),
+        "few32_rw": CalRun(Kind("few32", few32, steps=200), "row_wise", 256),
+        "many8_tw": CalRun(Kind("many8", many8, steps=60), "table_wise", 256),
+        "many8_rw": CalRun(Kind("many8", many8, steps=60), "row_wise", 256),
+        "mid64_tw": CalRun(Kind("mid64", mid64, steps=60), "table_wise", 256),
+        "mid64_rw": CalRun(Kind("mid64", mid64, steps=60), "row_wise", 256),
+        "big32_tw": CalRun(Kind("big32", big32, steps=100), "table_wise", 256),
+        "big32_rw": CalRun(Kind("big32", big32, steps=100), "row_wise", 256),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
@@ -151,7 +173,8 @@ def features(run: dict) -> dict:
     cost = CostModel.from_config(cfg)
     plan = Plan.from_dict(run["plan"])
     world, b = plan.world_size, cfg.train.batch_size
-    ranks = [{"groups": set(), "bags": 0.0, "bytes": 0.0, "ids": 0.0, "pieces": 0, "out_ms": 0.0, "lookups": []}
+    ranks = [{"groups": set(), "bags": 0.0, "bag_cols": 0.0, "distinct": 0.0, "spans": [], "bytes": 0.0, "ids": 0.0,
+              "pieces": 0, "out_ms": 0.0, "lookups": []}
              for _ in range(world)]
     for t in cfg.model.tables:
         tp = plan.table(t.name)
@@ -161,6 +184,9 @@ def features(run: dict) -> dict:
             r = ranks[s.rank]
             r["groups"].add((tp.weights_dtype, tp.memory))
             r["bags"] += shape.output_samples
+            r["bag_cols"] += shape.output_samples * shape.cols
+            r["distinct"] += cost.distinct_rows(t, shape)
+            r["spans"].append((cost.distinct_rows(t, shape), shape.rows * shape.cols * tp.weights_dtype.bytes))
             r["bytes"] += shape.lookup_rows * shape.cols * tp.weights_dtype.bytes
             r["lookups"].append((shape.lookup_rows * shape.cols * tp.weights_dtype.bytes, t.num_embeddings, t.alpha))
             r["ids"] += shape.lookup_rows
@@ -186,7 +212,6 @@ def features(run: dict) -> dict:
             "weights": sum(t.num_embeddings * t.embedding_dim * FP32 for t in cfg.model.tables),
             "bags": b * len(cfg.model.tables), "ids": b * sum(t.pooling_factor for t in cfg.model.tables),
             "prefetch_ids": plan.strategies.ids_exchange is IdsExchange.prefetch,
-            "kernels": c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels,
             "train_flops": flops * b * TRAIN_FLOPS_PER_FWD, "act_bytes": dense_activations(cfg.model) * FP32 * b,
             "ddp": ddp, "riders": rider_bytes(cfg, sync), "a2a_collectives": outputs - gathers,
             "gather_collectives": gathers, "overlap": bool(overlap), "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
@@ -222,33 +247,41 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
     def check(term: str, name: str, measured: float, fitted: float) -> None:
         ratios.setdefault(term, []).append(f"{name} {measured:.2f}/{fitted:.2f}")
 
-    # embedding compute, per rank: groups, bags, rows' bytes served by the cache and the rest (ms), less
-    # shard_overhead_us per piece; the cache's size is the one of CACHE_MIB that fits best
+    # embedding compute, per rank: groups, bags, bags' columns, distinct rows, those of pieces spanning beyond the
+    # table reach (times the share beyond it), rows' bytes served by the processor cache and the rest, less
+    # shard_overhead_us per piece; the cache's size and the reach are the ones of CACHE_MIB and REACH_MIB that fit best
     best = None
     for mib in CACHE_MIB:
-        rows, ys, names = [], [], []
-        for r in runs:
-            f = feats[r["name"]]
-            share = min(1.0, mib * 2**20 * f["world"] / f["weights"])
-            for rank, laps in zip(f["ranks"], r["per_rank"]):
-                if rank["pieces"]:
-                    hit = sum(b * (zipf_hit_rate(n, a, share) if share > 0 else 0.0) for b, n, a in rank["lookups"])
-                    rows.append([rank["groups"], rank["bags"], hit, rank["bytes"] - hit])
-                    ys.append(laps["emb_fwd"] + laps["emb_bwd"] - rank["pieces"] * f["shard_overhead_ms"])
-                    names.append(r["name"])
-        coef = _fit(rows, ys)
-        err = float(np.sqrt(np.mean((np.array(rows) @ np.array(coef) / np.array(ys) - 1) ** 2)))
-        if best is None or err < best[0]:
-            best = (err, mib, coef, rows, ys, names)
-    _, mib, (g, bag, cached, byte), rows, ys, names = best
+        for reach in REACH_MIB:
+            rows, ys, names = [], [], []
+            for r in runs:
+                f = feats[r["name"]]
+                share = min(1.0, mib * 2**20 * f["world"] / f["weights"])
+                for rank, laps in zip(f["ranks"], r["per_rank"]):
+                    if rank["pieces"]:
+                        hit = sum(b * (zipf_hit_rate(n, a, share) if share > 0 else 0.0)
+                                  for b, n, a in rank["lookups"])
+                        far = sum(d * max(0.0, 1 - reach * 2**20 / span) for d, span in rank["spans"]) if reach else 0.0
+                        rows.append([rank["groups"], rank["bags"], rank["bag_cols"], rank["distinct"], far, hit,
+                                     rank["bytes"] - hit])
+                        ys.append(laps["emb_fwd"] + laps["emb_bwd"] - rank["pieces"] * f["shard_overhead_ms"])
+                        names.append(r["name"])
+            coef = _fit(rows, ys)
+            err = float(np.sqrt(np.mean((np.array(rows) @ np.array(coef) / np.array(ys) - 1) ** 2)))
+            if best is None or err < best[0]:
+                best = (err, mib, reach, coef, rows, ys, names)
+    _, mib, reach, coef, rows, ys, names = best
+    g, bag, bag_col, per_row, per_far_row, cached, byte = coef
     for n, x, y in zip(names, rows, ys):
-        check("compute", n, y, g * x[0] + bag * x[1] + cached * x[2] + byte * x[3])
+        check("compute", n, y, float(np.dot(coef, x)))
 
     def preset_gbs(ms_per_byte: float) -> float:   # forward + backward ms per byte -> the preset's GB/s
         return 1 / (ms_per_byte / (1 + any_f["bwd_multiplier"])) / 1e6 / any_f["hbm_efficiency"]
 
     out = {"device.tbe_us_per_group": g * 1e3, "device.tbe_ns_per_bag": bag * 1e6,
-           "device.hbm_bandwidth_gbs": preset_gbs(byte),
+           "device.tbe_ns_per_bag_column": bag_col * 1e6, "device.tbe_ns_per_row": per_row * 1e6,
+           "device.tbe_ns_per_far_row": per_far_row * 1e6, "device.table_reach_mib": reach if per_far_row > 0 else 0.0,
+           "device.hbm_bandwidth_gbs": preset_gbs(byte) if byte > 0 else None,
            "device.cache_mib": mib if cached > 0 else 0.0,
            "device.cache_bandwidth_gbs": preset_gbs(cached) if cached > 0 else None}
     # data, ids exchanged in the step: per batch, sample, bag, id
@@ -297,8 +330,9 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
             check("routing", n, y, step + per_id * x[1])
         out |= {"device.routing_us_per_step": step * 1e3,
                 "device.routing_ns_per_row_id": (per_id - routing_per_id) * 1e6}
-    # dense: kernels, training FLOPs, activation bytes, and where the plan syncs the dense gradients by DDP its
-    # all-reduce as exposed after the backward (costs.ddp_exposed_ms over the step's buckets), at the one of
+    # dense: a fixed time per step (whatever the layers: a per-kernel term, 6 kernels per layer, fitted 0 beside
+    # it over MLPs of 4-7 layers), training FLOPs, activation bytes, and where the plan syncs the dense gradients by
+    # DDP its all-reduce as exposed after the backward (costs.ddp_exposed_ms over the step's buckets), at the one of
     # DDP_LATENCY_US that fits best
     best = None
     for us in DDP_LATENCY_US:
@@ -306,7 +340,7 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
         for r in runs:
             f = feats[r["name"]]
             held = 0.0 if passes is None else passes * f["act_bytes"] / f["stream_gbs"] / 1e6
-            rows.append([f["kernels"], f["train_flops"]] + ([f["act_bytes"]] if passes is None else []))
+            rows.append([1.0, f["train_flops"]] + ([f["act_bytes"]] if passes is None else []))
             ys.append(r["breakdown"]["dense"] - f["ddp"][us] - held)
             exposed.append(f["ddp"][us] + held)
             names.append(r["name"])
@@ -319,10 +353,10 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
         err = float(np.sqrt(np.mean((fitted / laps - 1) ** 2)))
         if best is None or err < best[0]:
             best = (err, us, coef, names, fitted, laps)
-    _, ddp_us, (k, per_flop, per_act), names, fitted, laps = best
+    _, ddp_us, (fixed, per_flop, per_act), names, fitted, laps = best
     for n, y, fy in zip(names, laps, fitted):
         check("dense", n, y, fy)
-    out |= {"device.kernel_overhead_us": k * 1e3, "dense_tflops": 1 / per_flop / 1e9,
+    out |= {"device.dense_fixed_us": fixed * 1e3, "dense_tflops": 1 / per_flop / 1e9,
             "planner.costs.dense_activation_passes": per_act * any_f["stream_gbs"] * 1e6, "ddp_latency_us": ddp_us}
     # a collective inside a step and the exchange's host copies per byte: the output exchange's two collectives
     # (forward outputs, backward gradients: comm_fwd + comm_bwd per rank, less their kernels as priced) fitted to its

@@ -200,8 +200,8 @@ def test_ddp_hides_all_but_the_last_bucket_behind_a_long_backward(mfu, exposed):
     """Two buckets (2.1 MB of fp32 dense gradients): behind a long dense backward (a slow device) the first bucket's
     all-reduce ends long before the backward does and only the last bucket's is exposed; behind a short one (a fast
     device, tiny kernels) the first does not fit and more is exposed, up to every bucket after the backward."""
-    fast = ["hardware.device.kernel_overhead_us=0", "planner.costs.dense_activation_passes=0",
-            "hardware.device.peak_tflops=1000000"]
+    fast = ["hardware.device.kernel_overhead_us=0", "hardware.device.dense_fixed_us=0",
+            "planner.costs.dense_activation_passes=0", "hardware.device.peak_tflops=1000000"]
     cfg = compose_cfg(["model=dlrm_tiny", "model.bottom_mlp=[1024,512,16]", "hardware=cpu_local",
                        f"train.batch_size={BATCH}", "train.dense_grad_sync=ddp", f"hardware.device.dense_mfu={mfu}",
                        *(fast if exposed == "more" else [])])
@@ -278,8 +278,8 @@ def _beside_bottom_mlp(cfg, listed):
 
 
 # the dense part priced at its FLOPs alone (no kernel overheads, no activation passes), at fp32's peak
-FLOPS_ONLY = ["hardware.device.kernel_overhead_us=0", "planner.costs.dense_activation_passes=0",
-              "train.dense_precision=fp32"]
+FLOPS_ONLY = ["hardware.device.kernel_overhead_us=0", "hardware.device.dense_fixed_us=0",
+              "planner.costs.dense_activation_passes=0", "train.dense_precision=fp32"]
 
 
 @pytest.mark.parametrize("bottom,eff", [("long", 1.0), ("none", 1.0), ("half", 1.0), ("long", 0.5), ("long", 0.0)])

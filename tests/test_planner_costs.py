@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
 
-from neocfg.planner.costs import CostModel, dense_cost, dense_flops_and_params, generalized_harmonic, zipf_hit_rate
+from neocfg.planner.costs import (CostModel, dense_cost, dense_flops_and_params, distinct_fraction,
+                                  generalized_harmonic, zipf_hit_rate)
 from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
 from planner_helpers import round_cfg
@@ -371,6 +375,19 @@ def test_dense_overhead_hand_computed():
     assert w2.perf.bwd_comm == approx(w0.perf.bwd_comm + buckets * 0.1)
 
 
+def test_dense_fixed_time_whatever_the_layers():
+    """hardware.device.dense_fixed_us replaces the dense kernels' fixed costs: the same time per step for 3 layers or
+    9 (a third forward), the bottom MLP its kernels' share of it."""
+    for extra in ([], ["model.bottom_mlp=[64,32,8]", "model.top_mlp=[16,8,4,1]"]):
+        base = dense_cost(round_cfg(TABLE, "hardware.device.kernel_overhead_us=0", *extra))
+        d = dense_cost(round_cfg(TABLE, "hardware.device.kernel_overhead_us=7", "+hardware.device.dense_fixed_us=1000",
+                                 *extra))
+        assert d.perf.compute == approx(base.perf.compute + 1.0)
+        assert d.perf.fwd_compute == approx(base.perf.fwd_compute + 1.0 / 3)
+    # the bottom [64, 32, 8]: 3 layers of 13 (DCN's 3 cross layers x 2, the top's 4): 6 x 3 of the 6 x 13 + 30 kernels
+    assert d.bottom.compute == approx(base.bottom.compute + 1.0 * 6 * 3 / (6 * 13 + 30))
+
+
 def test_folded_dense_gradients_ride_in_the_all_to_all():
     """dense_grad_sync=exchange (or auto with a small dense part): no DDP all-reduce in the dense term; the world's
     copies of the fp32 dense gradients travel in the backward all-to-all instead, once, where the plan has one."""
@@ -429,6 +446,63 @@ def test_tbe_cost_per_bag(table):
         assert with_bags.fwd_compute == approx(without.fwd_compute + bags * 300e-6 / 3), sharding
         assert with_bags.bwd_compute == approx(without.bwd_compute + bags * 300e-6 * 2 / 3), sharding
         assert with_bags.comm == approx(without.comm)
+
+
+def test_tbe_cost_per_bag_column_and_row(table):
+    """tbe_ns_per_bag_column: per column of each bag a piece pools (a column-wise slice's own columns);
+    tbe_ns_per_row: per distinct row among the ids it looks up; both forward + backward, split as the bytes are
+    (1 : 2)."""
+    base = CostModel.from_config(round_cfg(TABLE))
+    cost = CostModel.from_config(round_cfg(TABLE, "hardware.device.tbe_ns_per_bag_column=10",
+                                           "hardware.device.tbe_ns_per_row=20"))
+    # Zipf(1) ids over 1,000 rows: G x L = 1,600 ids of the whole table address sum_k 1 - e^(-1600 p_k) distinct
+    # rows, a replica's B x L = 200 ids sum_k 1 - e^(-200 p_k); a row range (1 of 8) gets its share of them
+    p = 1 / np.arange(1, 1001)
+    p /= p.sum()
+    table_rows, replica_rows = (float(np.sum(-np.expm1(-n * p))) for n in (1600, 200))
+    # (sharding, pieces, bags, columns, distinct rows): G = 800 samples, B = 100 per device, pooling 2, dim 16
+    for sharding, pieces, bags, cols, rows in ((ShardingType.table_wise, 1, 800, 16, table_rows),
+                                                (ShardingType.row_wise, 1, 800, 16, table_rows / 8),
+                                                (ShardingType.column_wise, 2, 800, 8, table_rows),
+                                                (ShardingType.data_parallel, 1, 100, 16, replica_rows)):
+        walk = (bags * cols * 10 + rows * 20) * 1e-6
+        with_walk, _ = cost.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, pieces)
+        without, _ = base.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, pieces)
+        assert with_walk.fwd_compute == approx(without.fwd_compute + walk / 3), sharding
+        assert with_walk.bwd_compute == approx(without.bwd_compute + walk * 2 / 3), sharding
+        assert with_walk.comm == approx(without.comm)
+
+
+def test_far_rows_cost_more_by_the_pieces_span(table):
+    """tbe_ns_per_far_row: more per distinct row as the piece's rows span beyond table_reach_mib (its own rows: a
+    column slice or a row range spans less than its table)."""
+    base = CostModel.from_config(round_cfg(TABLE, "hardware.device.tbe_ns_per_row=20"))
+    cost = CostModel.from_config(round_cfg(TABLE, "hardware.device.tbe_ns_per_row=20",
+                                           "hardware.device.tbe_ns_per_far_row=100",
+                                           f"hardware.device.table_reach_mib={2**-5}"))   # 32,768 bytes
+    # the whole table spans 1000 x 16 x 4 = 64,000 bytes: 1 - 32,768 / 64,000 beyond; a half-column slice
+    # (32,000) or a row range (125 rows: 8,000) none
+    for sharding, pieces, far in ((ShardingType.table_wise, 1, 1 - 32768 / 64000), (ShardingType.column_wise, 2, 0.0),
+                                  (ShardingType.row_wise, 1, 0.0)):
+        shape = cost.shape(table, sharding, pieces)
+        assert cost.far_share(shape, WeightsDtype.fp32) == approx(far), sharding
+        with_far, _ = cost.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, pieces)
+        without, _ = base.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, pieces)
+        extra = CostModel.distinct_rows(table, shape) * 100e-6 * far
+        assert with_far.compute == approx(without.compute + extra), sharding
+    # fp16 rows span half as far: the whole table's 32,000 bytes are within the reach
+    assert cost.far_share(cost.shape(table, ShardingType.table_wise, 1), WeightsDtype.fp16) == 0.0
+
+
+def test_distinct_fraction_follows_the_zipf_law():
+    """The expected distinct share of n draws: uniform in closed form, Zipf summed over every row (the tail's bins
+    included), a skewed table far fewer distinct rows than a uniform one."""
+    assert distinct_fraction(1000, 0.0, 1600) == approx(1000 * -math.expm1(-1.6) / 1600)
+    for rows, alpha, n in ((3000, 1.05, 5000.0), (200_000, 0.8, 20_000.0), (500_000, 1.2, 100_000.0)):
+        p = np.arange(1, rows + 1, dtype=np.float64) ** -alpha
+        p /= p.sum()
+        assert distinct_fraction(rows, alpha, n) == pytest.approx(float(np.sum(-np.expm1(-n * p))) / n, rel=1e-3)
+    assert distinct_fraction(200_000, 1.1, 20_000.0) < 0.5 * distinct_fraction(200_000, 0.0, 20_000.0)
 
 
 def test_row_ids_routed_dearer(table):

@@ -30,6 +30,11 @@ class DeviceConfig:
     # Fixed host-side cost of one kernel (op) in the training step, microseconds: launch on a GPU (~5 us, CUDA
     # kernel launch latency; mostly overlapped, kept as the exposed part), eager op dispatch on a CPU rank.
     kernel_overhead_us: float = 5.0
+    # Fixed host time of the dense part per training step whatever its layers, microseconds (a CPU rank: the autograd
+    # engine's walk, the optimizer's step, the loss: a 4-layer and a 7-layer MLP pay alike); unset: its kernels x
+    # kernel_overhead_us (planner.costs.dense_kernels_per_layer per layer + dense_step_kernels: the GPU presets).
+    # cpu_local: measured in a training step (calibrate_step.py's dense fit).
+    dense_fixed_us: Optional[float] = None
     # Host time of the runtime's id routing (neocfg/runtime/routing.py IdRouter: a constant number of vectorized ops
     # per step whatever the number of tables and pieces, plus passes over the ids), microseconds per step; unset:
     # planner.costs.router_kernels_per_step x kernel_overhead_us (its ops' launches: the GPU presets).
@@ -51,6 +56,23 @@ class DeviceConfig:
     # presets (a thread per bag, hidden in the bytes term). cpu_local: measured in a training step
     # (calibrate_cpu.py --only step_terms).
     tbe_ns_per_bag: float = 0.0
+    # ... and per column of each bag, nanoseconds: the pooled value it writes forward and whose gradient it reads and
+    # scatters back backward (a dim-64 bag costs more than a dim-8 one); 0 on the GPU presets. cpu_local: measured in
+    # a training step (calibrate_step.py, its calibration models of dims 8-64).
+    tbe_ns_per_bag_column: float = 0.0
+    # ... and per distinct row a TBE looks up in a step, nanoseconds: the row fetched once (its repeats hit the
+    # processor cache) and its fused optimizer update, once per row whatever its ids (fbgemm's CPU backward
+    # aggregates a row's gradients first); distinct rows among the step's ids by the table's Zipf law
+    # (planner.costs.distinct_fraction). 0 on the GPU presets. cpu_local: measured in a training step
+    # (calibrate_step.py).
+    tbe_ns_per_row: float = 0.0
+    # ... and more per distinct row of a piece whose rows span more than table_reach_mib, nanoseconds, scaled by the
+    # share of the span beyond it (1 - table_reach_mib / the piece's MiB): the address translation and caches that
+    # serve a small table's rows (fbgemm walks the tables one after another) do not reach a large one's. 0 on the GPU
+    # presets. cpu_local: measured in a training step (calibrate_step.py: tables of 1-64 MB, the reach the best of
+    # 0.5-32 MiB).
+    tbe_ns_per_far_row: float = 0.0
+    table_reach_mib: float = 0.0
     # A CPU rank's share of the processor caches, MiB, and the rate of the lookups they serve, GB/s: on device memory a
     # lookup reads its row from the cache when the row is among the hottest cache_mib x world / the model's fp32
     # weights of its table (the Zipf hit rate), else at hbm_bandwidth_gbs. 0: no cache (the GPU presets: HBM rows
@@ -76,6 +98,8 @@ class DeviceConfig:
             if getattr(self, sub) is not None:
                 checks.positive(f"{key}.{sub}", getattr(self, sub))
         checks.non_negative(f"{key}.kernel_overhead_us", self.kernel_overhead_us)
+        if self.dense_fixed_us is not None:
+            checks.non_negative(f"{key}.dense_fixed_us", self.dense_fixed_us)
         if self.routing_us_per_step is not None:
             checks.non_negative(f"{key}.routing_us_per_step", self.routing_us_per_step)
         checks.non_negative(f"{key}.routing_ns_per_id", self.routing_ns_per_id)
@@ -83,6 +107,10 @@ class DeviceConfig:
         if self.tbe_us_per_group is not None:
             checks.non_negative(f"{key}.tbe_us_per_group", self.tbe_us_per_group)
         checks.non_negative(f"{key}.tbe_ns_per_bag", self.tbe_ns_per_bag)
+        checks.non_negative(f"{key}.tbe_ns_per_bag_column", self.tbe_ns_per_bag_column)
+        checks.non_negative(f"{key}.tbe_ns_per_row", self.tbe_ns_per_row)
+        checks.non_negative(f"{key}.tbe_ns_per_far_row", self.tbe_ns_per_far_row)
+        checks.non_negative(f"{key}.table_reach_mib", self.table_reach_mib)
         checks.non_negative(f"{key}.cache_mib", self.cache_mib)
         if self.cache_mib > 0 and self.cache_bandwidth_gbs is None:
             raise ConfigError(f"{key}.cache_bandwidth_gbs", ConfigError.NO_VALUE,

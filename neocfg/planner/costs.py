@@ -7,8 +7,10 @@ Compute  lookup bytes / effective bandwidth of the tier (HBM, where a CPU rank's
          hardware.device.cache_mib of each table's rows at cache_bandwidth_gbs, `cache_fraction`; UVM caching mixes HBM hits and misses read from host DDR
          over PCIe; host-tier reads the same way: the slower of the PCIe link and the device's share of the host's DDR
          bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward;
-         plus hardware.device.tbe_ns_per_bag per bag (output sample) a piece pools and tbe_us_per_group per fused
-         lookup group.
+         plus hardware.device.tbe_ns_per_bag per bag (output sample) a piece pools, tbe_ns_per_bag_column per column
+         of each bag (its pooled value and gradient), tbe_ns_per_row per distinct row its ids address in a step
+         (`distinct_fraction`), tbe_ns_per_far_row more per such row of a piece spanning more than
+         hardware.device.table_reach_mib (`far_share`), and tbe_us_per_group per fused lookup group.
 Comm     the records a piece adds to the step's collectives (its Scheme's piece_comms: the list the runtime issues,
          neocfg.sharding.collectives), each at the holder's bytes: all-to-all from/to every device: bytes x
          (fraction within the node / intra bandwidth + fraction across nodes / inter bandwidth); cross-node
@@ -31,8 +33,8 @@ Data     on CPU devices (the ranks are the host's cores) the trainer's synthetic
          prefetch thread, the id routing (`routed_ms`, routing_us_per_step) is charged here instead of to comm
          (planner/assemble.py).
 Dense    FLOPs at peak x MFU, planner.costs.dense_activation_passes over the activations (`dense_activations`) at
-         the streaming bandwidth, kernels, and DDP's all-reduce unless the plan folds the dense gradients into the
-         embeddings' backward all-to-all (`dense_cost`).
+         the streaming bandwidth, kernels (or hardware.device.dense_fixed_us per step), and DDP's all-reduce unless
+         the plan folds the dense gradients into the embeddings' backward all-to-all (`dense_cost`).
 Memory   weights at the precision + optimizer state (row-wise Adagrad one fp32 per row, Adagrad one per element,
          SGD none) + cache metadata (UVM caching) + input/output buffers (ids, pooled outputs and their gradients).
 """
@@ -93,6 +95,31 @@ def zipf_hit_rate(num_rows: int, alpha: float, cache_ratio: float) -> float:
     if cached >= num_rows:
         return 1.0
     return generalized_harmonic(cached, alpha) / generalized_harmonic(num_rows, alpha)
+
+
+# Rows of a table beyond this are summed in DISTINCT_BINS geometric bins of equal Zipf probability per row (the
+# expected distinct count's error < 1e-3 relative).
+_DISTINCT_EXACT_ROWS, _DISTINCT_BINS = 4096, 2048
+
+
+@functools.lru_cache(maxsize=65536)
+def distinct_fraction(num_rows: int, alpha: float, ids: float) -> float:
+    """The expected share of distinct rows among `ids` independent draws of a table's rows (rank k drawn with
+    probability k^-alpha / H(num_rows, alpha)): sum over rows of 1 - exp(-ids x p_k), over ids. Uniform
+    (alpha 0): rows x (1 - exp(-ids / rows)) / ids."""
+    if ids <= 0 or num_rows <= 0:
+        return 1.0
+    if alpha <= 0:
+        return num_rows * -math.expm1(-ids / num_rows) / ids
+    norm = generalized_harmonic(num_rows, alpha)
+    head = min(num_rows, _DISTINCT_EXACT_ROWS)
+    k = np.arange(1, head + 1, dtype=np.float64)
+    total = float(np.sum(-np.expm1(-ids * k ** -alpha / norm)))
+    if num_rows > head:   # the tail: bins of rows [a, b), each at its midpoint's probability
+        edges = np.unique(np.geomspace(head + 1, num_rows + 1, _DISTINCT_BINS).astype(np.int64))
+        mid = (edges[:-1] + edges[1:] - 1) / 2.0
+        total += float(np.sum((edges[1:] - edges[:-1]) * -np.expm1(-ids * mid ** -alpha / norm)))
+    return min(1.0, total / ids)
 
 
 def all_reduce_latency_us(cfg: NeocfgConfig) -> float:
@@ -234,6 +261,10 @@ class CostModel:
     routing_ms_per_row_id: float = 0.0   # ... and more per id of a row-sharded piece (bucketized by row range)
     tbe_ms_per_group: float = 0.0        # fixed host time of one fused lookup group (TBE) call, forward + backward
     tbe_ms_per_bag: float = 0.0          # ... per bag it walks (one sample's ids of one table), forward + backward
+    tbe_ms_per_bag_column: float = 0.0   # ... per column of each bag (its pooled value and that value's gradient)
+    tbe_ms_per_row: float = 0.0          # ... per distinct row its ids address (fetched and updated once)
+    tbe_ms_per_far_row: float = 0.0      # ... more per such row of a piece spanning more than table_reach_bytes
+    table_reach_bytes: float = 0.0
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
     # The processor cache of a CPU rank (hardware.device.cache_mib): the fraction of every table's hottest rows it
@@ -279,6 +310,8 @@ class CostModel:
             routing_ms_per_step=routing_us_per_step(cfg) / 1e3, routing_ms_per_id=hw.device.routing_ns_per_id / 1e6,
             routing_ms_per_row_id=hw.device.routing_ns_per_row_id / 1e6,
             tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3, tbe_ms_per_bag=hw.device.tbe_ns_per_bag / 1e6,
+            tbe_ms_per_bag_column=hw.device.tbe_ns_per_bag_column / 1e6, tbe_ms_per_row=hw.device.tbe_ns_per_row / 1e6,
+            tbe_ms_per_far_row=hw.device.tbe_ns_per_far_row / 1e6, table_reach_bytes=hw.device.table_reach_mib * 2**20,
             exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
                                        else 0.0),
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
@@ -415,12 +448,38 @@ class CostModel:
         return max(pcie, ddr)
 
     def compute(self, table: TableConfig, shape: PieceShape, tier: MemoryTier, dtype: WeightsDtype) -> Perf:
-        """The piece's lookups: its rows' bytes at the tier's rate, shard_overhead_us, and tbe_ms_per_bag per bag
-        (output sample) it pools; backward bwd_compute_multiplier x forward."""
+        """The piece's lookups: its rows' bytes at the tier's rate, shard_overhead_us, and the TBE's walk
+        (`tbe_walk_ms`); backward bwd_compute_multiplier x forward."""
         fwd = shape.lookup_rows * shape.cols * dtype.bytes * self.lookup_ms_per_byte(table, tier, shape.rows)
         fwd += self.consts.shard_overhead_us / 1e3
-        fwd += shape.output_samples * self.tbe_ms_per_bag / (1 + self.consts.bwd_compute_multiplier)
+        fwd += self.tbe_walk_ms(table, shape, dtype) / (1 + self.consts.bwd_compute_multiplier)
         return Perf(fwd_compute=fwd, bwd_compute=fwd * self.consts.bwd_compute_multiplier)
+
+    def tbe_walk_ms(self, table: TableConfig, shape: PieceShape, dtype: WeightsDtype = WeightsDtype.fp32) -> float:
+        """The fused lookup's work beyond the rows' bytes, forward + backward: tbe_ms_per_bag per bag (output
+        sample) the piece pools and tbe_ms_per_bag_column per column of each (its pooled value written forward, its
+        gradient read back backward), tbe_ms_per_row per distinct row its ids address (`distinct_rows`), and
+        tbe_ms_per_far_row more per such row as the piece's rows span beyond table_reach_bytes (`far_share`)."""
+        bags = shape.output_samples * (self.tbe_ms_per_bag + self.tbe_ms_per_bag_column * shape.cols)
+        per_row = self.tbe_ms_per_row + self.tbe_ms_per_far_row * self.far_share(shape, dtype)
+        return bags + (self.distinct_rows(table, shape) * per_row if per_row else 0.0)
+
+    def far_share(self, shape: PieceShape, dtype: WeightsDtype) -> float:
+        """How far a piece's rows span beyond the device's table reach: 1 - table_reach_bytes / its rows' bytes, at
+        least 0 (0 where the reach is unset: no far rows)."""
+        span = shape.rows * shape.cols * dtype.bytes
+        if self.table_reach_bytes <= 0 or span <= self.table_reach_bytes:
+            return 0.0
+        return 1 - self.table_reach_bytes / span
+
+    @staticmethod
+    def distinct_rows(table: TableConfig, shape: PieceShape) -> float:
+        """The distinct rows among the piece's ids in a step: its ids x the distinct share of the ids the whole
+        table receives (the piece's ids over its share of the rows; hot rows spread over row shards alike)."""
+        if shape.lookup_rows <= 0 or shape.rows <= 0:
+            return 0.0
+        drawn = shape.lookup_rows * table.num_embeddings / shape.rows
+        return shape.lookup_rows * distinct_fraction(table.num_embeddings, table.alpha, drawn)
 
     def routed_ms(self, sharding: ShardingType, shape: PieceShape) -> float:
         """The router's passes over the ids the piece receives (none for a replica, which looks up its own
@@ -598,10 +657,10 @@ def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCos
     c, model = cfg.planner.costs, cfg.model
     flops, params = dense_flops_and_params(model)
     compute = _dense_compute(cfg, flops, dense_activations(model),
-                             c.dense_kernels_per_layer * dense_layers(model) + c.dense_step_kernels)
+                             dense_fixed_ms(cfg, c.dense_kernels_per_layer * dense_layers(model) + c.dense_step_kernels))
     bottom_flops, _ = _mlp([model.num_dense_features] + model.bottom_layers)
     bottom = _dense_compute(cfg, bottom_flops, model.num_dense_features + sum(model.bottom_layers),
-                            c.dense_kernels_per_layer * len(model.bottom_layers))
+                            dense_fixed_ms(cfg, c.dense_kernels_per_layer * len(model.bottom_layers)))
     allreduce = ddp_allreduce_ms(cfg, compute.bwd_compute) if sync is DenseGradSync.ddp else 0.0
     perf = Perf(fwd_compute=compute.fwd_compute, bwd_compute=compute.bwd_compute, bwd_comm=allreduce)
     resident = params * FP32 * (1 + _DENSE_STATE_WORDS[cfg.train.dense_optimizer])
@@ -610,17 +669,27 @@ def dense_cost(cfg: NeocfgConfig, sync: DenseGradSync | None = None) -> DenseCos
     return DenseCost(flops_per_sample=flops, parameters=params, perf=perf, resident_bytes=resident, bottom=bottom)
 
 
-def _dense_compute(cfg: NeocfgConfig, flops: float, activations: float, kernels: float) -> Perf:
+def dense_fixed_ms(cfg: NeocfgConfig, kernels: float) -> float:
+    """The fixed host time of these of the dense part's kernels: each kernel_overhead_us, or, where the device gives
+    hardware.device.dense_fixed_us (the whole dense part's, whatever its layers), their share of the dense part's
+    kernels of it."""
+    dev, c = cfg.hardware.device, cfg.planner.costs
+    if dev.dense_fixed_us is None:
+        return kernels * dev.kernel_overhead_us / 1e3
+    every = c.dense_kernels_per_layer * dense_layers(cfg.model) + c.dense_step_kernels
+    return dev.dense_fixed_us / 1e3 * (kernels / every if every > 0 else 1.0)
+
+
+def _dense_compute(cfg: NeocfgConfig, flops: float, activations: float, fixed: float) -> Perf:
     """Dense layers' compute per device and step: forward FLOPs per sample at peak x MFU (backward
     TRAIN_FLOPS_PER_FWD - 1 times them), dense_activation_passes over their fp32 activations per sample at the
-    streaming bandwidth, and their kernels' fixed costs; a third of the kernels and passes run forward (see
-    dense_kernels_per_layer: 2 of 6 per layer)."""
+    streaming bandwidth, and their fixed host time (`dense_fixed_ms`, ms); a third of the fixed time and passes run
+    forward (see dense_kernels_per_layer: 2 of 6 per layer)."""
     hw, c = cfg.hardware, cfg.planner.costs
     mfu = c.dense_mfu if hw.device.dense_mfu is None else hw.device.dense_mfu
     rate = hw.device.peak_tflops_at(cfg.train.dense_precision) * 1e12 * mfu
     fwd = flops * cfg.train.batch_size / rate * MS
     stream_gbs = hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs
     passes = c.dense_activation_passes * activations * FP32 * cfg.train.batch_size / (stream_gbs * GB) * MS
-    fixed = kernels * hw.device.kernel_overhead_us / 1e3
     return Perf(fwd_compute=fwd + (fixed + passes) / 3,
                 bwd_compute=fwd * (TRAIN_FLOPS_PER_FWD - 1) + (fixed + passes) * 2 / 3)
