@@ -103,7 +103,8 @@ def hidden_by_estimate(cfg, cost, placements: Sequence[Placement]) -> list[float
     """Per device, what the estimate should take off for the bottom MLP's cover of the outputs' all-to-all where the
     plan's strategies overlap it (the strategies' rules on the plan's output kinds), written out here from the
     documented rule, independent of neocfg.planner.hiding: each way, min(efficiency x (one collective's latency + the
-    device's pieces' output wire time), the bottom MLP's compute that way)."""
+    device's pieces' output wire time), the bottom MLP's compute that way); under auto on a CPU device, all of it
+    where the bottom MLP covers that on every device, each way, else nothing (the plan waits)."""
     from neocfg.planner.costs import dense_cost, dense_flops_and_params
     from neocfg.planner.strategies import dense_grad_sync, output_overlap
     from neocfg.sharding import SCHEMES, OutputKind
@@ -124,6 +125,9 @@ def hidden_by_estimate(cfg, cost, placements: Sequence[Placement]) -> list[float
             wire[r][0] += fwd
             wire[r][1] += bwd
     bottom, eff, alpha = dense_cost(cfg).bottom, cost.output_overlap_efficiency, cost.collective_latency_ms
+    if cfg.train.output_overlap.value == "auto" and cfg.hardware.device.kind.value == "cpu" and not all(
+            eff * (alpha + f) <= bottom.fwd_compute and eff * (alpha + b) <= bottom.bwd_compute for f, b in wire):
+        return [0.0] * topo.world
     return [min(eff * (alpha + f), bottom.fwd_compute) + min(eff * (alpha + b), bottom.bwd_compute)
             for f, b in wire]
 

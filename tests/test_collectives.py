@@ -250,7 +250,7 @@ def test_mode_plan_writes_the_steps_collectives_and_a_given_plans_are_rederived(
     outputs' all-to-all and their gradients', DDP's all-reduce), the console prints one line per collective, and a
     plan file's own list is never trusted: rating it writes the list its placement and strategies issue."""
     args = ["mode=plan", "model=dlrm_tiny", "hardware=cpu_local", "train.batch_size=64", "train.pipeline=true",
-            "train.dense_grad_sync=ddp", "planner.sharding_types=[table_wise]"]
+            "train.dense_grad_sync=ddp", "train.output_overlap=overlap", "planner.sharding_types=[table_wise]"]
     first = cli(*args, "hydra.run.dir=first")
     assert first.returncode == 0, first.stderr
     d = json.loads((tmp_path / "first" / "plan.json").read_text())
@@ -267,7 +267,7 @@ def test_mode_plan_writes_the_steps_collectives_and_a_given_plans_are_rederived(
         assert by["all_to_all", "outputs"]["sent"] == held * batch * world * fp32
         assert by["all_to_all", "outputs"]["received"] == sum(dims.values()) * batch * fp32
         assert by["all_to_all", "ids"]["overlapped"]
-        # under DDP the outputs' all-to-all and its gradients' run beside the bottom MLP (output_overlap=auto)
+        # under DDP the outputs' all-to-all and its gradients' run beside the bottom MLP (output_overlap=overlap)
         assert d["strategies"]["output_overlap"] is True
         assert by["all_to_all", "outputs"]["overlapped"] and by["all_to_all", "output_grads"]["overlapped"]
     printed = [line for line in first.stdout.splitlines() if line.startswith("  ") and " x " in line]

@@ -319,9 +319,10 @@ def test_tiny_plan_step_hand_computed():
     output exchange's and the TBE's kernels + routing + dense + data."""
     from neocfg.planner.costs import data_ms
     from neocfg.planner.pipeline import plan_placement
-    cfg = round_cfg(TABLE, *OVERHEAD, "planner.sharding_types=[table_wise]", "hardware.device.kind=cpu",
-                    "hardware.backend=gloo", "hardware.device.routing_us_per_step=30",
-                    "hardware.device.routing_ns_per_id=50", "hardware.host.synthetic_us_per_sample=2")
+    cpu = [*OVERHEAD, "planner.sharding_types=[table_wise]", "hardware.device.kind=cpu", "hardware.backend=gloo",
+           "hardware.device.routing_us_per_step=30", "hardware.device.routing_ns_per_id=50",
+           "hardware.host.synthetic_us_per_sample=2"]
+    cfg = round_cfg(TABLE, *cpu, "train.output_overlap=overlap")
     plan = plan_placement(cfg)
     lookups = 800 * 2 * 16 * 4 / 1000e9 * 1e3 * 3                       # fwd + 2x bwd, HBM 1000 GB/s
     exchange = 2 * 800 * 16 * 4 * A2A                                    # outputs out, gradients back (the
@@ -331,8 +332,8 @@ def test_tiny_plan_step_hand_computed():
     data = 100 * 2 / 1e3                                                 # B=100 samples x 2 us
     assert data_ms(cfg) == approx(data)
     dense = dense_cost(cfg).perf.total                                   # its own hand-computed tests above
-    # DDP: the outputs' all-to-all (0.1 ms latency + its bytes) is sent before the bottom MLP [8] and waited for
-    # after it, both ways (output_overlap); that MLP is shorter, so all of it is hidden: its layer's 6 kernels and
+    # DDP, output_overlap pinned: the outputs' all-to-all (0.1 ms latency + its bytes) is sent before the bottom MLP
+    # [8] and waited for after it, both ways; that MLP is shorter, so all of it is hidden: its layer's 6 kernels and
     # 2 x 4 x 8 FLOPs per sample, forward and twice backward, at zionex's 156 TFLOPS x dense_mfu 0.4
     assert plan.strategies.output_overlap
     bottom = 6 * 0.01 + 3 * 2 * 4 * 8 * 100 / (156e12 * 0.4) * 1e3
@@ -342,6 +343,30 @@ def test_tiny_plan_step_hand_computed():
     # the solver carries what the bottom MLP hides too (planner/hiding.py): its objective is the estimate
     assert plan.solver.objective_ms == approx(plan.estimate.step_ms)
     assert plan.solver.lower_bound_ms <= plan.solver.objective_ms * (1 + 1e-12)
+    # under auto a CPU device overlaps only an exchange its bottom MLP covers: this one it cannot, so the plan waits
+    # and hides nothing; the solver's objective is that estimate, its bound still below
+    waits = plan_placement(round_cfg(TABLE, *cpu))
+    assert not waits.strategies.output_overlap and waits.estimate.output_hidden_ms == 0
+    assert waits.estimate.step_ms == approx(lookups + exchange + routing + fixed + dense + data)
+    assert waits.solver.objective_ms == approx(waits.estimate.step_ms)
+    assert waits.solver.lower_bound_ms <= waits.solver.objective_ms * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("bottom,kind,overlaps", [("[8]", "cpu", False), ("[8192,8]", "cpu", True),
+                                                  ("[8]", "gpu", True)])
+def test_auto_overlap_on_cpu_needs_the_bottom_mlp_to_cover_the_exchange(bottom, kind, overlaps):
+    """train.output_overlap=auto, DDP: a GPU device overlaps whatever its bottom MLP hides; a CPU device only where
+    that MLP's compute covers efficiency x (latency + wire) each way (here 0.1 ms + the wire at efficiency 1). At
+    1 GFLOP/s peak a [8] MLP (0.02 ms forward) does not; an [8192, 8] one (about 50 ms forward) does, and hides all."""
+    from neocfg.planner.pipeline import plan_placement
+    dev = ["hardware.device.kind=cpu", "hardware.backend=gloo"] if kind == "cpu" else []
+    plan = plan_placement(round_cfg(TABLE, *OVERHEAD, "planner.sharding_types=[table_wise]", *dev,
+                                    "hardware.output_overlap_efficiency=1", f"model.bottom_mlp={bottom}",
+                                    "hardware.device.peak_tflops=0.001", "hardware.device.peak_tflops_tf32=0.001",
+                                    "train.dense_grad_sync=ddp"))
+    assert plan.strategies.output_overlap is overlaps
+    assert (plan.estimate.output_hidden_ms > 0) is overlaps
+    assert plan.solver.objective_ms == approx(plan.estimate.step_ms)
 
 
 def test_dense_mfu_per_device():

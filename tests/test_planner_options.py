@@ -163,3 +163,28 @@ def test_pruning_keeps_an_option_whose_device_hides_more_behind_the_bottom_mlp()
                                    perf=cw.perf + Perf(fwd_comm=slower_by))
         assert prune([cw, twcw], 0.0) == [cw]
         assert len(prune([cw, twcw], 0.0, hiding)) == kept, slower_by
+
+
+def test_pruning_under_cover_only_never_drops_an_option_for_one_that_adds_wire():
+    """On a CPU device under output_overlap=auto a plan hides all or nothing (the bottom MLP must cover every device's
+    exchange): an option that adds output wire could uncover the plan, so however much faster it is it dominates
+    nothing; one that adds none still dominates as under the min() rule."""
+    import dataclasses
+
+    from neocfg.perf import Perf
+    from neocfg.planner.hiding import Hiding
+    from neocfg.planner.options import prune
+
+    cfg = round_cfg([("t", 100_000, 64, 4)], "planner.sharding_types=[column_wise,table_column_wise]")
+    cost = CostModel.from_config(cfg)
+    cw = next(o for o in table_options(cfg, cost, 0) if o.num_pieces == 2)
+    twcw = dataclasses.replace(cw, sharding=ShardingType.table_column_wise, perf=cw.perf + Perf(fwd_comm=5.0))
+    for cw_wire, twcw_wire, kept in (((0.002, 0.002), (0.006, 0.004), 1),    # column-wise adds no wire
+                                     ((0.006, 0.004), (0.002, 0.002), 2)):   # it adds wire: dominates nothing
+        hiding = Hiding(efficiency=1.0, bottom=Perf(fwd_compute=10.0, bwd_compute=10.0), cost=cost,
+                        tables=tuple(cfg.model.tables), cover_only=True)
+        hiding._wire.update({(0, ShardingType.column_wise, 2): cw_wire,
+                             (0, ShardingType.table_column_wise, 2): twcw_wire})
+        assert len(prune([cw, twcw], 0.0, hiding)) == kept, cw_wire
+        # under the min() rule (a GPU, or overlap pinned) column-wise, 5 ms faster, dominates either way
+        assert prune([cw, twcw], 0.0, dataclasses.replace(hiding, cover_only=False)) == [cw]

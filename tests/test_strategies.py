@@ -54,19 +54,22 @@ def test_config_pins_each_choice():
 
 def test_output_overlap_resolves_where_it_can_run():
     """auto: the outputs' all-to-all overlaps the bottom MLP under DDP when some output comes back by all-to-all;
-    not when the dense gradients ride in it, nor without one; wait pins it off; overlap where it cannot run is a
-    one-line config error naming the key."""
+    not when the dense gradients ride in it, nor without one; on these CPU ranks only where the bottom MLP covers
+    the exchange (dlrm_tiny's does where the overlap efficiency is 0.01, not at cpu_local's 0.5); wait pins it off;
+    overlap where it cannot run is a one-line config error naming the key."""
     from neocfg.errors import ConfigError
 
     def st(sharding, *over):
         cfg = compose_cfg(["train.batch_size=16", *over])
         return resolve(cfg, _plan(cfg, sharding))
 
-    assert st(None, "train.dense_grad_sync=ddp").output_overlap is True
+    covering = "hardware.output_overlap_efficiency=0.01"
+    assert st(None, "train.dense_grad_sync=ddp", covering).output_overlap is True
+    assert st(None, "train.dense_grad_sync=ddp").output_overlap is False          # its bottom MLP covers too little
+    assert st(None, "train.dense_grad_sync=ddp", "train.output_overlap=overlap").output_overlap is True
     assert st(S.table_wise).output_overlap is False                # dlrm_tiny's auto sync folds: exchange
     assert st(S.row_wise, "train.dense_grad_sync=ddp").output_overlap is False      # no all-to-all output
     assert st(None, "train.dense_grad_sync=ddp", "train.output_overlap=wait").output_overlap is False
-    assert st(None, "train.dense_grad_sync=ddp", "train.output_overlap=overlap").output_overlap is True
     with pytest.raises(ConfigError, match=r"train.output_overlap.*overlap.*dense_grad_sync resolved to exchange"):
         st(S.table_wise, "train.output_overlap=overlap")
     with pytest.raises(ConfigError, match=r"train.output_overlap.*no pooled output by all-to-all.*auto, wait"):
@@ -75,7 +78,7 @@ def test_output_overlap_resolves_where_it_can_run():
 
 def test_a_plan_file_without_output_overlap_waits(tmp_path):
     """Plan files written before the key existed load, and run the exchange waited for at once."""
-    cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp"])
+    cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp", "hardware.output_overlap_efficiency=0.01"])
     d = with_strategies(cfg, _plan(cfg)).to_dict()
     assert d["strategies"].pop("output_overlap") is True
     path = tmp_path / "plan.json"

@@ -9,10 +9,19 @@ gradients' before the bottom MLP's backward), each device's step is shorter by, 
 any plan that has an all-to-all output (planned_output_overlap); a plan without one hides nothing (the indicator
 above). The estimate (neocfg.planner.assemble) prices the same, Hiding.priced, where the plan's own strategies
 overlap.
+
+On a CPU device under train.output_overlap=auto the plan overlaps only where the bottom MLP covers the whole of it:
+efficiency x (latency + wire) at most the bottom MLP's compute, each way, on every device (bottom_covers; the
+strategies' rule). There a collective's copies run on the ranks' own cores: what the bottom MLP cannot cover runs
+beside the embedding backward and DDP's all-reduce instead, and slowed a 856-table model's step by a fifth, while a
+covered exchange (Criteo's) saved a tenth. A concrete plan then hides all of it or nothing (cover_only); the solvers'
+rows keep the min() above, never less than what a plan hides, so their bound stays a bound, and pruning lets an
+option dominate only where it adds no wire (it cannot uncover a plan).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -24,7 +33,7 @@ from neocfg.perf import Perf
 from neocfg.planner.costs import CostModel, DenseCost, planned_dense_sync
 from neocfg.planner.types import Placement, ShardingOption, Topology
 from neocfg.sharding import SCHEMES, OutputKind
-from neocfg.types import DenseGradSync, OutputOverlap
+from neocfg.types import DenseGradSync, DeviceKind, OutputOverlap
 
 
 def planned_output_overlap(cfg: NeocfgConfig) -> bool:
@@ -42,20 +51,23 @@ class Hiding:
     bottom: Perf = Perf()        # the bottom MLP's forward and backward compute: the most hidden each way
     cost: Optional[CostModel] = None
     tables: tuple[TableConfig, ...] = ()
+    cover_only: bool = False     # a plan hides all (where the bottom MLP covers it on every device) or nothing
     _wire: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @staticmethod
     def of(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost) -> "Hiding":
-        return Hiding.priced(cost, dense.bottom, cfg.model.tables) if planned_output_overlap(cfg) else NO_HIDING
+        if not planned_output_overlap(cfg):
+            return NO_HIDING
+        return Hiding.priced(cost, dense.bottom, cfg.model.tables, cover_only=auto_covers_only(cfg))
 
     @staticmethod
-    def priced(cost: CostModel, bottom: Perf, tables: Sequence[TableConfig]) -> "Hiding":
+    def priced(cost: CostModel, bottom: Perf, tables: Sequence[TableConfig], cover_only: bool = False) -> "Hiding":
         """What overlapping hides at the cost model's efficiency, behind this bottom MLP, whatever cfg asks."""
         eff = cost.output_overlap_efficiency
         if eff <= 0 or bottom.compute <= 0:
             return NO_HIDING
         return Hiding(efficiency=eff, latency_ms=cost.collective_latency_ms, bottom=bottom, cost=cost,
-                      tables=tuple(tables))
+                      tables=tuple(tables), cover_only=cover_only)
 
     @property
     def on(self) -> bool:
@@ -104,10 +116,20 @@ class Hiding:
                 wire[r, 1] += b
         return wire if a2a else None
 
+    def covers(self, wire: np.ndarray) -> bool:
+        """Whether the bottom MLP covers efficiency x (latency + wire) each way on every device ([device, way])."""
+        return bool(np.all(self.latency + wire[:, 0] <= self.bottom.fwd_compute)
+                    and np.all(self.latency + wire[:, 1] <= self.bottom.bwd_compute))
+
+    def _hiding_wire(self, topo: Topology, placements: Sequence[Placement]) -> Optional[np.ndarray]:
+        """_device_wire where this plan hides anything (under cover_only: only where the bottom MLP covers it)."""
+        wire = self._device_wire(topo, placements)
+        return None if wire is None or (self.cover_only and not self.covers(wire)) else wire
+
     def per_device(self, topo: Topology, placements: Sequence[Placement]) -> list[Perf]:
         """Per device: what the bottom MLP hides of this plan's output all-to-all (fwd_comm) and of its gradients'
         (bwd_comm)."""
-        wire = self._device_wire(topo, placements)
+        wire = self._hiding_wire(topo, placements)
         if wire is None:
             return [Perf()] * topo.world
         fwd, bwd = self._capped(wire[:, 0], wire[:, 1])
@@ -115,7 +137,7 @@ class Hiding:
 
     def device_hidden(self, topo: Topology, placements: Sequence[Placement]) -> np.ndarray:
         """Per device: what the bottom MLP hides of this plan's output all-to-alls (forward + backward)."""
-        wire = self._device_wire(topo, placements)
+        wire = self._hiding_wire(topo, placements)
         if wire is None:
             return np.zeros(topo.world)
         fwd, bwd = self._capped(wire[:, 0], wire[:, 1])
@@ -130,9 +152,32 @@ class Hiding:
         return float(sum(self._capped(fwd, bwd)))
 
     def margin(self, a: ShardingOption, b: ShardingOption) -> float:
-        """How much less a piece of `a` may let its device hide than a piece of `b` in its place (0: no less)."""
+        """How much less a piece of `a` may let its device hide than a piece of `b` in its place (0: no less; under
+        cover_only, infinite where `a` adds wire either way: it could uncover the plan, and every device lose what it
+        hid)."""
         (af, ab), (bf, bb) = self.piece(a), self.piece(b)
+        if self.cover_only and (af > bf or ab > bb):
+            return math.inf
         return max(0.0, bf - af) + max(0.0, bb - ab)
 
 
 NO_HIDING = Hiding()
+
+
+def auto_covers_only(cfg: NeocfgConfig) -> bool:
+    """train.output_overlap=auto on CPU devices: overlap only a plan whose exchange the bottom MLP covers."""
+    return cfg.train.output_overlap is OutputOverlap.auto and cfg.hardware.device.kind is DeviceKind.cpu
+
+
+def bottom_covers(cfg: NeocfgConfig, plan) -> bool:
+    """Whether the bottom MLP covers this plan's outputs' all-to-all each way on every device (module doc): the
+    strategies' auto rule on CPU devices. False where nothing would hide (efficiency 0, no all-to-all output)."""
+    from neocfg.planner.costs import dense_cost
+    from neocfg.planner.estimate import placements_of   # (estimate -> assemble -> strategies -> here)
+
+    cost = CostModel.from_config(cfg)
+    hiding = Hiding.priced(cost, dense_cost(cfg, DenseGradSync.ddp).bottom, cfg.model.tables)
+    if not hiding.on:
+        return False
+    wire = hiding._device_wire(cost.topo, placements_of(cfg, cost, plan))
+    return wire is not None and hiding.covers(wire)

@@ -11,7 +11,9 @@ runtime runs and the plan says. Every `auto` is decided here, by the rules below
   output_overlap    the pooled outputs' all-to-all sent before the bottom MLP and waited for at the interaction (its
                     gradients' sent before the bottom MLP's backward): under overlap, or auto, where it can run:
                     the dense gradients synced by ddp (under exchange they ride in that backward all-to-all, which
-                    then waits for the whole dense backward) and some pooled output coming back by all-to-all.
+                    then waits for the whole dense backward) and some pooled output coming back by all-to-all; on
+                    CPU devices auto also needs the bottom MLP to cover the exchange (neocfg.planner.hiding's
+                    bottom_covers: its copies run on the ranks' own cores, and what it cannot cover slows the step).
   id_dtype          int32 when every table's rows and every bag code (features of a rank x world x batch) fit.
   routing_encoding  lengths while the length entries per sample (row ranges x row-sharded tables) are at most
                     LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample, else codes.
@@ -119,10 +121,15 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     dense_params = dense_flops_and_params(cfg.model)[1]
     all_to_all = has_all_to_all(plan)
     sync = dense_grad_sync(tc.dense_grad_sync, dense_params, plan.world_size, all_to_all)
+    overlap = output_overlap(tc.output_overlap, sync, all_to_all)
+    if overlap:
+        from neocfg.planner.hiding import auto_covers_only, bottom_covers
+
+        overlap = not auto_covers_only(cfg) or bottom_covers(cfg, plan)
     return StepStrategies(
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange, dense_grad_sync=sync,
         id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
-        id_weights=id_weights(cfg), output_overlap=output_overlap(tc.output_overlap, sync, all_to_all))
+        id_weights=id_weights(cfg), output_overlap=overlap)
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:
