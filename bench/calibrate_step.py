@@ -65,6 +65,8 @@ DDP, EXCHANGE = "train.dense_grad_sync=ddp", "train.dense_grad_sync=exchange"
 # all-reduce in a step 3.4 ms: hardware.all_reduce_latency_us).
 DDP_LATENCY_US = (0.0, 50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1600.0, 2000.0, 2400.0, 2800.0,
                   3200.0, 3600.0, 4000.0)
+# The pooling factors of cal_spread's tables, in turn.
+SPREAD_POOLING = (1, 1, 2, 3, 1, 5, 2, 8, 1, 20, 3, 60)
 # Sizes of a rank's processor cache tried by the compute fit, MiB (the per-rank share of an L3 of a few to tens of MiB).
 CACHE_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 # Spans of one table's rows tried as the device's table reach, MiB (beyond it a distinct row costs more: the 4 KiB
@@ -100,6 +102,11 @@ def _runs() -> dict[str, CalRun]:
     mid64 = _model("cal_mid64", 20, 100_000, 2, [64, 64], [64, 1], alpha=0.8, dim=64)
     # large tables (51 MB each): rows the processor caches do not hold
     big32 = _model("cal_big32", 8, 400_000, 4, [64, 32], [64, 1], dim=32)
+    # pooling spread over the tables, heavy-tailed (most bags short, most ids in a few long ones), skewed ids
+    spread = _model("cal_spread", 200, 20_000, 1, [64, DIM], [64, 1], "dcn", alpha=0.9, dcn_low_rank_dim=16,
+                    dcn_num_layers=1)
+    spread["tables"] = [{**t, "pooling_factor": SPREAD_POOLING[i % len(SPREAD_POOLING)]}
+                        for i, t in enumerate(spread["tables"])]
     return {
         "few_tw": CalRun(Kind("few", few, steps=200), "table_wise", 256),
         "few_tw_1024": CalRun(Kind("few", few, steps=100), "table_wise", 1024),
@@ -121,6 +128,8 @@ def _runs() -> dict[str, CalRun]:
         "mid64_rw": CalRun(Kind("mid64", mid64, steps=60), "row_wise", 256),
         "big32_tw": CalRun(Kind("big32", big32, steps=100), "table_wise", 256),
         "big32_rw": CalRun(Kind("big32", big32, steps=100), "row_wise", 256),
+        "spread_tw": CalRun(Kind("spread", spread, steps=12, extra=("planner.time_limit_s=10",)), "table_wise", 256),
+        "spread_rw": CalRun(Kind("spread", spread, steps=12, extra=("planner.time_limit_s=10",)), "row_wise", 256),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
