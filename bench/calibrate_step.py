@@ -14,7 +14,8 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
                                                      + rows' bytes / (hbm_bandwidth_gbs x hbm_efficiency) x 3
                                                        (the Zipf head's at cache_bandwidth_gbs)
   data (the prefetch lap, ids exchanged in the step) = synthetic_us_per_batch + synthetic_us_per_sample x B
-                                                     + synthetic_ns_per_bag x B x tables + synthetic_ns_per_id x ids
+                                                     + synthetic_ns_per_bag x bags + synthetic_ns_per_id x ids,
+                                                       each count scaled as count ** synthetic_exponent
   ids exchanged in the step (table-wise runs: the comm_input lap, the router's pass and the pipelined id exchange)
                                                    = a per-step part (the collective's) + routing_ns_per_id x ids
   data, ids exchanged in the prefetch thread (row-wise runs), less the generation fitted above
@@ -54,7 +55,7 @@ from estimate_terms import Kind, train_undisturbed  # noqa: E402
 from neocfg.plan import Plan  # noqa: E402
 from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, ddp_allreduce_ms,  # noqa: E402
                                   dense_activations, dense_cost, dense_flops_and_params, dense_layers, rider_bytes,
-                                  zipf_hit_rate)
+                                  scaled_items, zipf_hit_rate)
 from neocfg.sharding import SCHEMES, embedding_collectives, gather_collectives  # noqa: E402
 from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
 
@@ -67,6 +68,8 @@ DDP_LATENCY_US = (0.0, 50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1
                   3200.0, 3600.0, 4000.0)
 # The pooling factors of cal_spread's tables, in turn.
 SPREAD_POOLING = (1, 1, 2, 3, 1, 5, 2, 8, 1, 20, 3, 60)
+# Exponents of the batch's ids and bags tried by the data fit (costs.scaled_items; 1: linear).
+SYNTHETIC_EXPONENTS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0)
 # Sizes of a rank's processor cache tried by the compute fit, MiB (the per-rank share of an L3 of a few to tens of MiB).
 CACHE_MIB = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 # Spans of one table's rows tried as the device's table reach, MiB (beyond it a distinct row costs more: the 4 KiB
@@ -293,19 +296,30 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
            "device.hbm_bandwidth_gbs": preset_gbs(byte) if byte > 0 else None,
            "device.cache_mib": mib if cached > 0 else 0.0,
            "device.cache_bandwidth_gbs": preset_gbs(cached) if cached > 0 else None}
-    # data, ids exchanged in the step: per batch, sample, bag, id
-    rows, ys, names = [], [], []
-    for r in runs:
-        f = feats[r["name"]]
-        if not f["prefetch_ids"]:
-            rows.append([1.0, f["batch"], f["bags"], f["ids"]])
-            ys.append(r["breakdown"]["prefetch"])
-            names.append(r["name"])
-    gen = _fit(rows, ys)
+    # data, ids exchanged in the step: per batch, sample, bag, id, the bags and ids scaled by the one of
+    # SYNTHETIC_EXPONENTS that fits best (costs.scaled_items)
+    def generated(f: dict, exponent: float) -> list[float]:
+        return [1.0, f["batch"], scaled_items(f["bags"], exponent), scaled_items(f["ids"], exponent)]
+
+    best = None
+    for exponent in SYNTHETIC_EXPONENTS:
+        rows, ys, names = [], [], []
+        for r in runs:
+            f = feats[r["name"]]
+            if not f["prefetch_ids"]:
+                rows.append(generated(f, exponent))
+                ys.append(r["breakdown"]["prefetch"])
+                names.append(r["name"])
+        coef = _fit(rows, ys)
+        err = float(np.sqrt(np.mean((np.array(rows) @ np.array(coef) / np.array(ys) - 1) ** 2)))
+        if best is None or err < best[0]:
+            best = (err, exponent, coef, rows, ys, names)
+    _, exponent, gen, rows, ys, names = best
     for n, x, y in zip(names, rows, ys):
         check("data", n, y, float(np.dot(gen, x)))
     out |= {"host.synthetic_us_per_batch": gen[0] * 1e3, "host.synthetic_us_per_sample": gen[1] * 1e3,
-            "host.synthetic_ns_per_bag": gen[2] * 1e6, "host.synthetic_ns_per_id": gen[3] * 1e6}
+            "host.synthetic_ns_per_bag": gen[2] * 1e6, "host.synthetic_ns_per_id": gen[3] * 1e6,
+            "host.synthetic_exponent": exponent}
     # the id routing in the step (ids exchanged in the step: table-wise runs): the comm_input lap (the router's pass
     # over the batch, the pipelined id all-to-all's send and wait) per step and per id the rank receives; the per-step
     # part is the collective's, priced as collective_latency_us (reported beside it, not a key)
@@ -328,7 +342,7 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
     for r in runs:
         f = feats[r["name"]]
         if f["prefetch_ids"]:
-            made = float(np.dot(gen, [1.0, f["batch"], f["bags"], f["ids"]]))
+            made = float(np.dot(gen, generated(f, exponent)))
             for rank, laps in zip(f["ranks"], r["per_rank"]):
                 rows.append([1.0, rank["ids"]])
                 ys.append(laps["prefetch"] - made)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from neocfg.planner.costs import (CostModel, dense_cost, dense_flops_and_params, distinct_fraction,
-                                  generalized_harmonic, zipf_hit_rate)
+                                  generalized_harmonic, scaled_items, zipf_hit_rate)
 from neocfg.types import MemoryTier, ShardingType, WeightsDtype
 
 from planner_helpers import round_cfg
@@ -548,6 +548,16 @@ def test_data_generation_per_bag():
                     "hardware.host.synthetic_ns_per_bag=40", "hardware.host.synthetic_us_per_batch=300")
     # 300 us + B=100 x (2 us + 5 ids x 0.1 us + 2 bags x 0.04 us)
     assert data_ms(cpu) == approx((300 + 100 * (2 + 0.5 + 0.08)) / 1e3)
+
+    # synthetic_exponent 0.5: the batch's 500 ids and 200 bags each cost count x (count / 2^16) ** -0.5 items
+    half = round_cfg([("a", 1000, 16, 2), ("b", 1000, 16, 3)], "hardware.device.kind=cpu", "hardware.backend=gloo",
+                     "hardware.host.synthetic_us_per_sample=2", "hardware.host.synthetic_ns_per_id=100",
+                     "hardware.host.synthetic_ns_per_bag=40", "hardware.host.synthetic_us_per_batch=300",
+                     "hardware.host.synthetic_exponent=0.5")
+    ids, bags = 500 * (500 / 2**16) ** -0.5, 200 * (200 / 2**16) ** -0.5
+    assert data_ms(half) == approx((300 + 100 * 2 + ids * 0.1 + bags * 0.04) / 1e3)
+    # at 2^16 items the rates are the linear ones
+    assert scaled_items(2**16, 0.5) == approx(2**16) and scaled_items(10.0, 1.0) == 10.0
 
 
 def test_dense_activation_passes():

@@ -149,6 +149,11 @@ class HostConfig:
     synthetic_ns_per_id: float = 0.0
     synthetic_ns_per_bag: float = 0.0
     synthetic_us_per_batch: float = 0.0
+    # The batch's ids and bags cost less each the more of them a batch holds (the generator's numpy passes run over
+    # whole blocks: per-call costs spread over more items): their time grows as count ** synthetic_exponent, the per-id
+    # and per-bag rates being those at planner.costs.SYNTHETIC_REF_ITEMS items; 1: linear. cpu_local: measured in a
+    # training step (calibrate_step.py: the exponent of 0.7-1 that fits best).
+    synthetic_exponent: float = 1.0
 
     def check(self, key: str) -> None:
         checks.positive(f"{key}.ddr_gib", self.ddr_gib)
@@ -160,6 +165,7 @@ class HostConfig:
         checks.non_negative(f"{key}.synthetic_ns_per_id", self.synthetic_ns_per_id)
         checks.non_negative(f"{key}.synthetic_ns_per_bag", self.synthetic_ns_per_bag)
         checks.non_negative(f"{key}.synthetic_us_per_batch", self.synthetic_us_per_batch)
+        checks.in_range(f"{key}.synthetic_exponent", self.synthetic_exponent, 0.0, 1.0, lo_open=True)
 
 
 @dataclass

@@ -221,6 +221,18 @@ def rider_bytes(cfg: NeocfgConfig, sync: DenseGradSync) -> int:
     return cfg.hardware.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
 
 
+# The batch size in items (ids or bags) at which hardware.host.synthetic_ns_per_id / _per_bag are the rates: the
+# generator's block of ids (neocfg.data.synthetic.ID_BLOCK).
+SYNTHETIC_REF_ITEMS = 2**16
+
+
+def scaled_items(count: float, exponent: float) -> float:
+    """count items priced as count ** exponent, equal to count at SYNTHETIC_REF_ITEMS (the rates' reference)."""
+    if count <= 0 or exponent == 1.0:
+        return count
+    return count * (count / SYNTHETIC_REF_ITEMS) ** (exponent - 1)
+
+
 def data_ms(cfg: NeocfgConfig) -> float:
     """Per step on every device: generating the rank's synthetic batch where it competes with the rank (CPU
     devices: the ranks are the host's cores): per batch, per sample, per id and per bag (a sample's ids of one
@@ -229,10 +241,11 @@ def data_ms(cfg: NeocfgConfig) -> float:
     if (hw.device.kind is not DeviceKind.cpu or cfg.dsi.source is not DataSource.synthetic
             or hw.host.synthetic_us_per_sample is None):
         return 0.0
-    ids = sum(t.pooling_factor for t in model.tables)
-    per_sample_us = (hw.host.synthetic_us_per_sample + ids * hw.host.synthetic_ns_per_id / 1e3
-                     + len(model.tables) * hw.host.synthetic_ns_per_bag / 1e3)
-    return (hw.host.synthetic_us_per_batch + cfg.train.batch_size * per_sample_us) / 1e3
+    h, b = hw.host, cfg.train.batch_size
+    ids, bags = b * sum(t.pooling_factor for t in model.tables), b * len(model.tables)
+    items_us = (scaled_items(ids, h.synthetic_exponent) * h.synthetic_ns_per_id
+                + scaled_items(bags, h.synthetic_exponent) * h.synthetic_ns_per_bag) / 1e3
+    return (h.synthetic_us_per_batch + b * h.synthetic_us_per_sample + items_us) / 1e3
 
 
 @dataclass(frozen=True)
