@@ -433,9 +433,10 @@ def whole_run(a) -> None:
           "steps": a.whole_steps, "repeats": a.repeats, "cycled_batches": BENCH_BATCHES, "cases": cases}, a.out)
 
 
-def record_whole_runs(files: list[str], note: str = "") -> None:
+def record_whole_runs(files: list[str], note: str = "", section: str = WHOLE_RUN_SECTION) -> None:
     """--record-from: the whole-run table from the --out files of several invocations, cases in the order given;
-    note: a paragraph said before the tables (e.g. how loaded the machine was)."""
+    note: a paragraph said before the tables (e.g. how loaded the machine was); section: RESULTS.md's section (e.g.
+    one of its own for models neither system was tuned on)."""
     cases, repeats = [], set()
     for f in files:
         got = json.loads(Path(f).read_text())
@@ -447,7 +448,7 @@ def record_whole_runs(files: list[str], note: str = "") -> None:
         raise SystemExit(f"bench_vs_torchrec: --record-from: the files ran different --repeats ({sorted(repeats)})")
     how = (f"Each file is one invocation (`--whole-run --models M --ids I --sharding S --whole-steps N --out FILE`, "
            f"one case each, under the CPU lock), recorded together by `--record-from`.\n\n")
-    record_results(WHOLE_RUN_SECTION, how + (f"{note}\n\n" if note else "") + whole_run_markdown(cases, repeats.pop()))
+    record_results(section, how + (f"{note}\n\n" if note else "") + whole_run_markdown(cases, repeats.pop()))
 
 
 def main() -> None:
@@ -471,10 +472,11 @@ def main() -> None:
     ap.add_argument("--record-from", nargs="+", metavar="JSON",
                     help="whole runs: write the table into bench/RESULTS.md from these --out files")
     ap.add_argument("--note", default="", help="with --record-from: a paragraph said before the tables")
+    ap.add_argument("--section", default=WHOLE_RUN_SECTION, help="with --record-from: the RESULTS.md section")
     ap.add_argument("--out")
     a = ap.parse_args()
     if a.record_from:
-        return record_whole_runs(a.record_from, a.note)
+        return record_whole_runs(a.record_from, a.note, a.section)
     ensure_torchrec()
     if a.whole_run:
         a.repeats = a.repeats or 2

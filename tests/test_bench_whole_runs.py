@@ -49,6 +49,9 @@ def test_record_from_merges_the_cases_of_several_files_in_order(tmp_path, monkey
     assert rows[1] == "| tiny8 | uniform | row_wise | 100,000 | 99,000 | 85,000 | 1.18x | 1.16x | >= 1.0x |"
     # every run, in the second table
     assert rows[2] == "| criteo | uniform | table_wise | 30,000, 36,000 | 31,000, 29,000 | 27,000, 24,000 |"
+    # a section of its own (models neither system was tuned on), named by --section
+    bench.record_whole_runs([a], section="Other models")
+    assert recorded[-1][0] == "Other models"
 
 
 def test_record_from_refuses_files_of_another_bench_or_mixed_repeats(tmp_path, monkeypatch):
