@@ -91,6 +91,12 @@ class CalRun:
     batch: int
 
 
+def _both(name: str, model: dict, steps: int, extra: tuple[str, ...] = (), batch: int = 256) -> dict[str, CalRun]:
+    """The model's table-wise and row-wise calibration runs, named NAME_tw and NAME_rw."""
+    kind = Kind(name, model, steps=steps, extra=extra)
+    return {f"{name}_tw": CalRun(kind, "table_wise", batch), f"{name}_rw": CalRun(kind, "row_wise", batch)}
+
+
 def _runs() -> dict[str, CalRun]:
     few = _model("cal_few", 10, 20_000, 3, [32, DIM], [32, 1])
     many = _model("cal_many", 60, 20_000, 8, [32, DIM], [64, 1])
@@ -114,25 +120,11 @@ def _runs() -> dict[str, CalRun]:
         "few_tw": CalRun(Kind("few", few, steps=200), "table_wise", 256),
         "few_tw_1024": CalRun(Kind("few", few, steps=100), "table_wise", 1024),
         "few_rw": CalRun(Kind("few", few, steps=200), "row_wise", 256),
-        "many_tw": CalRun(Kind("many", many, steps=60), "table_wise", 256),
-        "many_rw": CalRun(Kind("many", many, steps=60), "row_wise", 256),
-        "mlp_tw": CalRun(Kind("mlp", mlp, steps=60), "table_wise", 512),
-        "mlp_rw": CalRun(Kind("mlp", mlp, steps=60), "row_wise", 512),
-        "wide_tw": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10",)), "table_wise", 256),
-        "wide_rw": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10",)), "row_wise", 256),
-        "deep_tw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
-        "deep_rw": CalRun(Kind("deep", deep, steps=8, extra=("planner.time_limit_s=10",)), "row_wise", 256),
+        **_both("many", many, 60), **_both("mlp", mlp, 60, batch=512),
+        **_both("wide", wide, 12, ("planner.time_limit_s=10",)), **_both("deep", deep, 8, ("planner.time_limit_s=10",)),
         "skewed_tw": CalRun(Kind("skewed", skewed, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
-        "few32_tw": CalRun(Kind("few32", few32, steps=200), "table_wise", 256),
-        "few32_rw": CalRun(Kind("few32", few32, steps=200), "row_wise", 256),
-        "many8_tw": CalRun(Kind("many8", many8, steps=60), "table_wise", 256),
-        "many8_rw": CalRun(Kind("many8", many8, steps=60), "row_wise", 256),
-        "mid64_tw": CalRun(Kind("mid64", mid64, steps=60), "table_wise", 256),
-        "mid64_rw": CalRun(Kind("mid64", mid64, steps=60), "row_wise", 256),
-        "big32_tw": CalRun(Kind("big32", big32, steps=100), "table_wise", 256),
-        "big32_rw": CalRun(Kind("big32", big32, steps=100), "row_wise", 256),
-        "spread_tw": CalRun(Kind("spread", spread, steps=12, extra=("planner.time_limit_s=10",)), "table_wise", 256),
-        "spread_rw": CalRun(Kind("spread", spread, steps=12, extra=("planner.time_limit_s=10",)), "row_wise", 256),
+        **_both("few32", few32, 200), **_both("many8", many8, 60), **_both("mid64", mid64, 60),
+        **_both("big32", big32, 100), **_both("spread", spread, 12, ("planner.time_limit_s=10",)),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
