@@ -44,10 +44,13 @@ def _train(tbe, batches):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-def test_twinned_tbe_trains_as_the_plain_one(weighted):
-    shapes = [(50, 16), (7, 8), (300, 16), (1, 4), (120, 32)]     # mixed dims, a one-row table
+@pytest.mark.parametrize("shapes", [[(50, 16), (7, 8), (300, 16), (1, 4), (120, 32)],   # mixed dims, a one-row table
+                                    [(50, 16), (7, 16), (300, 16), (1, 16)]])          # equal dims (strided drop)
+def test_twinned_tbe_trains_as_the_plain_one(weighted, shapes):
+    """Several steps, the batch size changing in between (the reused gradient buffer follows it)."""
     train = TrainConfig(sparse_optimizer=SparseOptimizer.exact_rowwise_adagrad, sparse_learning_rate=0.1)
-    batches = _batches(shapes, bags=24, steps=4, seed=3, weighted=weighted)
+    batches = (_batches(shapes, bags=24, steps=3, seed=3, weighted=weighted)
+               + _batches(shapes, bags=10, steps=2, seed=4, weighted=weighted))
     plain = make_tbe(shapes, KEY, train, CPU, twin=False)
     twin = make_tbe(shapes, KEY, train, CPU, twin=True)
     assert isinstance(twin, TwinnedTBE) and not isinstance(plain, TwinnedTBE)

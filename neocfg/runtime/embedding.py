@@ -90,10 +90,11 @@ class TwinnedTBE(SplitTableBatchedEmbeddingBagsCodegen):
             at += 2 * spec[1]
         self.register_buffer("keep_cols", torch.cat(cols).to(kw["device"]), persistent=False)
         self.twin_width = at
+        self.twin_cols = _TwinColumns(self.n_tables, {spec[1] for spec in specs})
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights=None, **kw) -> torch.Tensor:
         out = super().forward(indices, twin_offsets(offsets, self.n_tables), per_sample_weights, **kw)
-        return _DropTwins.apply(out, self.keep_cols)
+        return _DropTwins.apply(out, self.keep_cols, self.twin_cols)
 
 
 def twin_offsets(offsets: torch.Tensor, n_tables: int) -> torch.Tensor:
@@ -105,20 +106,50 @@ def twin_offsets(offsets: torch.Tensor, n_tables: int) -> torch.Tensor:
     return torch.cat([torch.cat([starts, ends], dim=1).reshape(-1), offsets[-1:]])
 
 
+class _TwinColumns:
+    """How a TwinnedTBE's pooled output drops its twins' columns, and the gradient buffer its backward reuses: fresh,
+    the [B, 2 x width] gradient with zeroed twin columns was a page-faulted allocation and a zero fill every step
+    (~39 ms per call at 512 bags x 856 row-wise pieces of dim 16, 14% of a row-wise bench_856 run's CPU with the
+    column drop, measured by py-spy)."""
+
+    def __init__(self, n_tables: int, dims: set[int]):
+        self.n_tables = n_tables
+        self.dim = next(iter(dims)) if len(dims) == 1 else None   # every table's dim, where they are equal
+        self.buffer: Optional[torch.Tensor] = None
+
+    def drop(self, pooled: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        if self.dim is None:
+            return pooled.index_select(1, keep)
+        # (equal dims: [B, T, 2, D] -> the real halves, a strided copy ~2.5x faster than index_select on dim 1)
+        return pooled.view(pooled.shape[0], self.n_tables, 2, self.dim)[:, :, 0].reshape(pooled.shape[0], -1)
+
+    def grad(self, grad: torch.Tensor, keep: torch.Tensor, width: int) -> torch.Tensor:
+        """The pooled output's gradient: `grad` in the real columns, zeros in the twins' (written once per buffer;
+        every step writes only the real columns, and fbgemm only reads the buffer)."""
+        shape = (grad.shape[0], width)
+        buf = self.buffer
+        if buf is None or buf.shape != shape or buf.dtype != grad.dtype or buf.device != grad.device:
+            buf = self.buffer = grad.new_zeros(shape)
+        if self.dim is None:
+            return buf.index_copy_(1, keep, grad)
+        buf.view(shape[0], self.n_tables, 2, self.dim)[:, :, 0].copy_(grad.reshape(shape[0], self.n_tables, self.dim))
+        return buf
+
+
 class _DropTwins(torch.autograd.Function):
     """The pooled columns of the real features; backward: their gradient, zeros in the twins' columns (never read:
     the twins have no ids)."""
 
     @staticmethod
-    def forward(ctx, pooled: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, pooled: torch.Tensor, keep: torch.Tensor, cols: _TwinColumns) -> torch.Tensor:
         ctx.save_for_backward(keep)
-        ctx.width = pooled.shape[1]
-        return pooled.index_select(1, keep)
+        ctx.width, ctx.cols = pooled.shape[1], cols
+        return cols.drop(pooled, keep)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         keep, = ctx.saved_tensors
-        return grad.new_zeros(grad.shape[0], ctx.width).index_copy_(1, keep, grad), None
+        return ctx.cols.grad(grad, keep, ctx.width), None, None
 
 
 def after_lookup_backward(pooled: torch.Tensor, note) -> None:
