@@ -27,8 +27,12 @@ from neocfg.data.arrays import BatchArrays
 # Samples per generator seed. Small, so that a rank generates little beyond its own batch (ranks take turns
 # through the sample range): on a prod_856-shaped model (4,900 ids per sample) a 4,096-sample chunk took seconds.
 CHUNK_SIZE = 256
-# Chunks kept per process: a trainer reads consecutive batches, which share a chunk until it is used up.
-CHUNKS_CACHED = 8
+# Chunks kept per process: a trainer reads consecutive batches, which share a chunk until it is used up (a batch
+# smaller than a chunk: the next batch of the same rank starts in the chunk this one ends in). More is memory
+# churn: until the cache starts evicting, every chunk's arrays are fresh pages from the OS (prod_856 x2.6's 26 MB of
+# ids a chunk); measured on this project's 2-core box, that chunk's first 24 generations (one rank's sequence):
+# 8 cached 45-100 ms each for the first 8, 40-45 after; 2 cached 40-46 from the second on.
+CHUNKS_CACHED = 2
 # Scale of the hidden logit: with unit-variance dense and sparse parts this gives a Bayes AUC of about 0.85.
 LOGIT_SCALE = 2.0
 # The rank -> row bijection's multiplier is the first integer coprime with the rows from rows x this (the golden

@@ -136,25 +136,33 @@ def _size_for_parallel_runs(local_world: int) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-# glibc mallopt(3) parameters (malloc.h) and the largest mmap threshold glibc accepts on 64-bit
-# (DEFAULT_MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * sizeof(long)).
+# glibc mallopt(3) parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_MMAP_THRESHOLD_MAX = 32 << 20
+# Blocks below this come from the heap and are reused once freed. It must exceed a step's largest block: the
+# row-wise pooled output and its gradient on bench/bench_856.py's model ([512, 2 x 13,696] float32, 56 MB) are above
+# glibc's dynamic threshold's ceiling (32 MB on 64-bit), and were faulted in again every step (13,700 minor faults;
+# one-thread TBE forward of that model's 856 pieces 75 -> 59 ms with this threshold, measured on the 2-core VM).
+_MMAP_THRESHOLD = 1 << 30
+# What a glibc that refuses a threshold above its ceiling gets instead: the ceiling itself.
+_MMAP_THRESHOLD_CEILING = 32 << 20
 _INT_MAX = 2**31 - 1
 
 
 def keep_freed_memory() -> bool:
     """Make glibc keep freed memory for the next allocation instead of handing it back to the kernel.
 
-    A step allocates and frees the same large tensors every time (the routed ids: tens of MB per step on the
-    prod_856-shaped model); by default glibc serves blocks above its (dynamic) mmap threshold by mmap and trims the
-    heap top, so each step faults every page in again. Measured on the 2-core development VM, IdRouter.route of one
-    rank of bench/bench_856.py's model on 2 ranks, every table row-wise: 29,000 minor page faults per call and a
-    median of 118 ms before, 1,300 faults and 36 ms after. Blocks up to 32 MB come from the heap, which is never trimmed; the
-    process keeps its peak heap. Returns False where glibc's mallopt is missing (not Linux/glibc)."""
+    A step allocates and frees the same large tensors every time (the routed ids, the pooled outputs and their
+    gradients: tens of MB per step on the prod_856-shaped model); by default glibc serves blocks above its (dynamic)
+    mmap threshold by mmap and trims the heap top, so each step faults every page in again. Measured on the 2-core
+    development VM, IdRouter.route of one rank of bench/bench_856.py's model on 2 ranks, every table row-wise:
+    29,000 minor page faults per call and a median of 118 ms before, 1,300 faults and 36 ms after. Blocks below
+    _MMAP_THRESHOLD (or the ceiling a glibc allows) come from the heap, which is never trimmed; the process keeps its
+    peak heap. Returns False where glibc's mallopt is missing (not Linux/glibc)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX)
+        ok = ((libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
+               or libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_CEILING))
+              and libc.mallopt(_M_TRIM_THRESHOLD, _INT_MAX))
     except (OSError, AttributeError):
         return False
     return bool(ok)
