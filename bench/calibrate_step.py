@@ -32,7 +32,7 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
 
     .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
     .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json ...]
-        [--quiet 0.15] [--passes 6.83]
+        [--quiet 0.15] [--passes 6.83] [--exponent 0.9]
 """
 
 from __future__ import annotations
@@ -121,16 +121,18 @@ def _runs() -> dict[str, CalRun]:
         "few_tw_1024": CalRun(Kind("few", few, steps=100), "table_wise", 1024),
         "few_rw": CalRun(Kind("few", few, steps=200), "row_wise", 256),
         **_both("many", many, 60), **_both("mlp", mlp, 60, batch=512),
-        **_both("wide", wide, 12, ("planner.time_limit_s=10",)), **_both("deep", deep, 8, ("planner.time_limit_s=10",)),
-        "skewed_tw": CalRun(Kind("skewed", skewed, steps=8, extra=("planner.time_limit_s=10",)), "table_wise", 256),
+        # (the many-id models at 30 steps too: with 8, the prefetch lap of deep_tw read 19.5 ms against 30.5 at 30,
+        # wide_tw's 11.1 against 15.0: a short run's few timed steps hold the pipeline's start and end)
+        **_both("wide", wide, 30, ("planner.time_limit_s=10",)), **_both("deep", deep, 30, ("planner.time_limit_s=10",)),
+        "skewed_tw": CalRun(Kind("skewed", skewed, steps=30, extra=("planner.time_limit_s=10",)), "table_wise", 256),
         **_both("few32", few32, 200), **_both("many8", many8, 60), **_both("mid64", mid64, 60),
-        **_both("big32", big32, 100), **_both("spread", spread, 12, ("planner.time_limit_s=10",)),
+        **_both("big32", big32, 100), **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
         "many_tw_ddp": CalRun(Kind("many", many, steps=60, extra=(DDP,)), "table_wise", 256),
         "mlp_tw_x": CalRun(Kind("mlp", mlp, steps=60, extra=(EXCHANGE,)), "table_wise", 512),
-        "wide_tw_x": CalRun(Kind("wide", wide, steps=12, extra=("planner.time_limit_s=10", EXCHANGE)), "table_wise",
+        "wide_tw_x": CalRun(Kind("wide", wide, steps=30, extra=("planner.time_limit_s=10", EXCHANGE)), "table_wise",
                             256),
     }
 
@@ -241,9 +243,10 @@ def _fit(rows: list[list[float]], ys: list[float]) -> list[float]:
     return [float(v) for v in full]
 
 
-def fit(runs: list[dict], passes: float | None = None) -> dict:
+def fit(runs: list[dict], passes: float | None = None, exponent: float | None = None) -> dict:
     """The constants (cpu_local.yaml's units) and, per term, each run's measured / fitted ratio. passes: hold
-    planner.costs.dense_activation_passes (a planner constant every preset shares) at this value in the dense fit."""
+    planner.costs.dense_activation_passes (a planner constant every preset shares) at this value in the dense fit;
+    exponent: hold host.synthetic_exponent at this value (else the one of SYNTHETIC_EXPONENTS that fits best)."""
     feats = {r["name"]: features(r) for r in runs}
     any_f = next(iter(feats.values()))
     ratios: dict[str, list[str]] = {}
@@ -294,7 +297,7 @@ def fit(runs: list[dict], passes: float | None = None) -> dict:
         return [1.0, f["batch"], scaled_items(f["bags"], exponent), scaled_items(f["ids"], exponent)]
 
     best = None
-    for exponent in SYNTHETIC_EXPONENTS:
+    for exponent in SYNTHETIC_EXPONENTS if exponent is None else (exponent,):
         rows, ys, names = [], [], []
         for r in runs:
             f = feats[r["name"]]
@@ -406,6 +409,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the runs' laps (JSON) here")
     ap.add_argument("--fit", nargs="*", default=[], help="fit these saved runs' laps instead of training")
     ap.add_argument("--passes", type=float, help="hold planner.costs.dense_activation_passes at this value")
+    ap.add_argument("--exponent", type=float, help="hold host.synthetic_exponent at this value")
     ap.add_argument("--quiet", type=float, help="fit only the saved runs during which other processes took at most "
                     "this share of the cores")
     a = ap.parse_args()
@@ -417,7 +421,7 @@ def main() -> None:
         runs = measure(a.runs.split(","))
         if a.out:
             Path(a.out).write_text(json.dumps(runs))
-    print(json.dumps(fit(runs, a.passes), indent=1))
+    print(json.dumps(fit(runs, a.passes, a.exponent), indent=1))
 
 
 if __name__ == "__main__":

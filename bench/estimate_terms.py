@@ -139,7 +139,7 @@ def kinds() -> dict[str, Kind]:
         # as bench/bench_856.py: one low-rank DCN layer of rank 16, small MLPs, trainable
         "prod856": Kind("prod856", _from_preset("prod_856", "terms_prod856", PROD_ROWS_CAP, DIM, PROD_POOLING_SCALE, interaction="dcn",
                                                 dcn_low_rank_dim=16, dcn_num_layers=1, bottom_mlp=[64, DIM],
-                                                top_mlp=[64, 1], planning_only=False), steps=12,
+                                                top_mlp=[64, 1], planning_only=False), steps=30,
                         extra=("planner.time_limit_s=20",)),
         # not seen by the calibration: dim 32, Zipf-skewed ids, two DCN layers of rank 32
         "unseen_dim32": Kind("unseen_dim32", _unseen("terms_unseen_dim32", 40, 32, [5_000, 50_000, 500_000],
@@ -148,7 +148,7 @@ def kinds() -> dict[str, Kind]:
         # not seen: 400 tables of dim 8, pooling 1-8, one DCN layer of rank 8
         "unseen_dim8": Kind("unseen_dim8", _unseen("terms_unseen_dim8", 400, 8, [1_000, 10_000, 50_000],
                                                    [1, 3, 8, 2], 0.0, [32, 8], [64, 1], interaction="dcn",
-                                                   dcn_low_rank_dim=8, dcn_num_layers=1), steps=20,
+                                                   dcn_low_rank_dim=8, dcn_num_layers=1), steps=30,
                             extra=("planner.time_limit_s=20",)),
     }
 
