@@ -28,7 +28,8 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
   behind the bottom MLP left out, unless hardware.output_overlap_efficiency is 0)
                                                    = all-to-alls x collective_latency_us + reduce-scatters and
                                                      all-gathers x reduce_scatter_latency_us + bytes / (the link's
-                                                     rate, then exchange_copy_gbs for the host copies around it)
+                                                     rate, then exchange_copy_gbs for the host copies around it;
+                                                     gather_copy_gbs for the reduce-scatters' and all-gathers')
 
     .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
     .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json ...]
@@ -223,6 +224,8 @@ def features(run: dict) -> dict:
             "gather_collectives": gathers, "overlap": bool(overlap), "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
             "exchange_ms_per_byte": cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte,
             "link_ms_per_byte": cost.a2a_ms_per_byte(),
+            "gather_ms_per_byte": cost.reduce_scatter_ms_per_byte() + cost.gather_copy_ms_per_byte,
+            "gather_link_ms_per_byte": cost.reduce_scatter_ms_per_byte(),
             "shard_overhead_ms": c.shard_overhead_us / 1e3 * (1 + c.bwd_compute_multiplier),
             "hbm_efficiency": c.hbm_efficiency, "routing_ns_per_id": cfg.hardware.device.routing_ns_per_id, "bwd_multiplier": c.bwd_compute_multiplier,
             "stream_gbs": cfg.hardware.device.stream_bandwidth_gbs or cfg.hardware.device.hbm_bandwidth_gbs}
@@ -378,10 +381,11 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
             "planner.costs.dense_activation_passes": per_act * any_f["stream_gbs"] * 1e6, "ddp_latency_us": ddp_us}
     # a collective inside a step and the exchange's host copies per byte: the output exchange's two collectives
     # (forward outputs, backward gradients: comm_fwd + comm_bwd per rank, less their kernels as priced) fitted to its
-    # all-to-alls and its reduce-scatters and all-gathers (each kind a latency of its own) + their bytes (the bytes
-    # the cost model prices, recovered from its time at its rate per byte, and the dense gradients riding in the
-    # backward all-to-all where the plan folds them); runs whose all-to-all travels behind the bottom MLP (their laps
-    # hold only what it leaves exposed) are left out, unless the preset's bottom MLP hides none of it
+    # all-to-alls and its reduce-scatters and all-gathers (each kind a latency of its own) + their bytes, each kind's
+    # at a rate of its own (the bytes the cost model prices, recovered from its time at its rate per byte, and the
+    # dense gradients riding in the backward all-to-all where the plan folds them; a calibration run's tables are all
+    # of one kind); runs whose all-to-all travels behind the bottom MLP (their laps hold only what it leaves exposed)
+    # are left out, unless the preset's bottom MLP hides none of it
     rows, ys, names = [], [], []
     for r in runs:
         f = feats[r["name"]]
@@ -389,17 +393,21 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
             continue
         for rank, laps in zip(f["ranks"], r["per_rank"]):
             if rank["pieces"]:
+                gathered = f["gather_collectives"] > 0
+                moved = rank["out_ms"] / f["gather_ms_per_byte" if gathered else "exchange_ms_per_byte"]
                 rows.append([f["a2a_collectives"], f["gather_collectives"],
-                             rank["out_ms"] / f["exchange_ms_per_byte"] + f["riders"]])
+                             (0.0 if gathered else moved) + f["riders"], moved if gathered else 0.0])
                 ys.append(laps["comm_fwd"] + laps["comm_bwd"] - f["exchange_kernels_ms"])
                 names.append(r["name"])
-    alpha, gather, per_byte = _fit(rows, ys)
+    alpha, gather, per_byte, per_gathered = _fit(rows, ys)
     for n, x, y in zip(names, rows, ys):
-        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2])
+        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2] + per_gathered * x[3])
     out["collective_latency_us"] = alpha * 1e3
     out["reduce_scatter_latency_us"] = gather * 1e3
     copy = per_byte - any_f["link_ms_per_byte"]
     out["device.exchange_copy_gbs"] = 1 / copy / 1e6 if copy > 0 else None
+    copy = per_gathered - any_f["gather_link_ms_per_byte"]
+    out["device.gather_copy_gbs"] = 1 / copy / 1e6 if copy > 0 else None
     return {"preset": {key: v if v is None else round(v, 3) for key, v in out.items()}, "measured/fitted": ratios}
 
 

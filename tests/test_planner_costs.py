@@ -460,6 +460,19 @@ def test_exchange_copy_per_byte(table):
     assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)         # the gradient all-reduced in place, no copies
 
 
+def test_gather_copy_per_byte(table):
+    """gather_copy_gbs prices the bytes of the exchange's reduce-scatters and all-gathers (row-wise outputs and their
+    gradients); the ids' all-to-all and the table-wise exchange keep exchange_copy_gbs."""
+    cost = CostModel.from_config(round_cfg(TABLE, "+hardware.device.exchange_copy_gbs=2",
+                                           "+hardware.device.gather_copy_gbs=0.5", "train.pipeline=false"))
+    copy, gather = 1 / 2e9 * 1e3, 1 / 0.5e9 * 1e3
+    perf, _ = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx(IDS_RW * (A2A + copy) + 800 * 16 * 4 * (RS + gather))
+    assert perf.bwd_comm == approx(800 * 16 * 4 * (RS + gather))
+    perf, _ = cost.piece(table, ShardingType.table_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx((IDS_WHOLE + 800 * 16 * 4) * (A2A + copy))
+
+
 def test_tbe_cost_per_bag(table):
     """tbe_ns_per_bag: forward + backward per bag (output sample) a piece pools, split as the bytes are (1 : 2)."""
     base = CostModel.from_config(round_cfg(TABLE))

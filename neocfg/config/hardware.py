@@ -86,6 +86,9 @@ class DeviceConfig:
     # index_add, forward and backward), GB/s, on top of the collective's own bandwidth; unset: free (on a GPU
     # they run at HBM speed). cpu_local: measured.
     exchange_copy_gbs: Optional[float] = None
+    # The same for each byte of the exchange's reduce-scatters and all-gathers (row-wise outputs' partial sums and
+    # their gradients: the host also sums what it receives), GB/s; unset: exchange_copy_gbs. cpu_local: measured.
+    gather_copy_gbs: Optional[float] = None
     # Fraction of peak_tflops the dense MLPs reach in training on this device; unset: planner.costs.dense_mfu (a
     # GPU's model FLOPs utilization). A CPU rank's marginal GEMM rate is its peak once kernel_overhead_us is apart.
     dense_mfu: Optional[float] = None
@@ -122,6 +125,8 @@ class DeviceConfig:
             checks.positive(f"{key}.stream_bandwidth_gbs", self.stream_bandwidth_gbs)
         if self.exchange_copy_gbs is not None:
             checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
+        if self.gather_copy_gbs is not None:
+            checks.positive(f"{key}.gather_copy_gbs", self.gather_copy_gbs)
         if self.dense_mfu is not None:
             checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)
 

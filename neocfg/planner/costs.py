@@ -135,6 +135,15 @@ def reduce_scatter_latency_us(cfg: NeocfgConfig) -> float:
     return hw.collective_latency_us if hw.reduce_scatter_latency_us is None else hw.reduce_scatter_latency_us
 
 
+def _copy_ms_per_byte(gbs: Optional[float]) -> float:
+    """Host work per byte of the embedding exchange at `gbs` (unset: free, as on a GPU)."""
+    return MS / (gbs * GB) if gbs else 0.0
+
+
+# The exchange's collectives whose bytes pay gather_copy_gbs: the row-wise outputs' partial sums and their gradients.
+GATHER_KINDS = (CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
+
+
 def ddp_latency_us(cfg: NeocfgConfig) -> float:
     """One of DDP's bucket all-reduces' fixed time: the preset's measurement, else one collective's."""
     hw = cfg.hardware
@@ -279,6 +288,7 @@ class CostModel:
     tbe_ms_per_far_row: float = 0.0      # ... more per such row of a piece spanning more than table_reach_bytes
     table_reach_bytes: float = 0.0
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
+    gather_copy_ms_per_byte: float = 0.0    # ... of its reduce-scatters and all-gathers (the sums included)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
     # The processor cache of a CPU rank (hardware.device.cache_mib): the fraction of every table's hottest rows it
     # holds (cache_fraction) and the rate of the lookups it serves; 0: none (GPUs).
@@ -325,8 +335,8 @@ class CostModel:
             tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3, tbe_ms_per_bag=hw.device.tbe_ns_per_bag / 1e6,
             tbe_ms_per_bag_column=hw.device.tbe_ns_per_bag_column / 1e6, tbe_ms_per_row=hw.device.tbe_ns_per_row / 1e6,
             tbe_ms_per_far_row=hw.device.tbe_ns_per_far_row / 1e6, table_reach_bytes=hw.device.table_reach_mib * 2**20,
-            exchange_copy_ms_per_byte=(MS / (hw.device.exchange_copy_gbs * GB) if hw.device.exchange_copy_gbs
-                                       else 0.0),
+            exchange_copy_ms_per_byte=_copy_ms_per_byte(hw.device.exchange_copy_gbs),
+            gather_copy_ms_per_byte=_copy_ms_per_byte(hw.device.gather_copy_gbs or hw.device.exchange_copy_gbs),
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
             cache_fraction=cache_fraction(cfg),
             cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
@@ -540,7 +550,8 @@ class CostModel:
         ids' payload costs the step nothing where it travels behind the compute (ids_overlapped)."""
         if pc.carries is Carries.ids and self.ids_overlapped:
             return Perf()
-        copy = 0.0 if pc.carries is Carries.replica_grads else self.exchange_copy_ms_per_byte
+        copy = (0.0 if pc.carries is Carries.replica_grads
+                else self.gather_copy_ms_per_byte if pc.kind in GATHER_KINDS else self.exchange_copy_ms_per_byte)
         ms = pc.held_bytes * (self.rate_ms_per_byte(pc) + copy)
         if pc.carries is Carries.ids and self.id_weights:   # the weights' payload: the ids' elements as float32
             ms *= 1 + FP32 / self.id_bytes
