@@ -56,8 +56,8 @@ from neocfg.planner.strategies import dense_grad_sync, id_weights
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import (SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives,
                              gather_collectives)
-from neocfg.sharding.collectives import (ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm, Traffic,
-                                         ddp_bucket_bytes, encoding_for, id_collectives)
+from neocfg.sharding.collectives import (GATHER_KINDS, ID32_LIMIT, Carries, CollectiveKind, GroupScope, PieceComm,
+                                         Traffic, ddp_bucket_bytes, encoding_for, id_collectives)
 from neocfg.tiers import TIERS
 from neocfg.types import (DataSource, DenseGradSync, DenseOptimizer, DeviceKind, IdDtype, IdsExchange, Interaction,
                           MemoryTier, RoutingEncoding, ShardingType, SparseOptimizer, WeightsDtype)
@@ -138,10 +138,6 @@ def reduce_scatter_latency_us(cfg: NeocfgConfig) -> float:
 def _copy_ms_per_byte(gbs: Optional[float]) -> float:
     """Host work per byte of the embedding exchange at `gbs` (unset: free, as on a GPU)."""
     return MS / (gbs * GB) if gbs else 0.0
-
-
-# The exchange's collectives whose bytes pay gather_copy_gbs: the row-wise outputs' partial sums and their gradients.
-GATHER_KINDS = (CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
 
 
 def ddp_latency_us(cfg: NeocfgConfig) -> float:

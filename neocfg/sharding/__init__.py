@@ -16,8 +16,8 @@ from typing import Iterable
 
 from neocfg.sharding.base import (FBGEMM_DIM_ALIGN, CostTerms, OutputKind, PieceShape, Routing, Scheme, Spread,
                                   ceil_div, column_slices, row_block, row_ranges)
-from neocfg.sharding.collectives import id_collectives, output_collective_kinds, output_collectives
-from neocfg.types import CollectiveKind, ShardingType
+from neocfg.sharding.collectives import GATHER_KINDS, id_collectives, output_collective_kinds, output_collectives
+from neocfg.types import ShardingType
 
 
 def discover(package: str = __name__) -> dict[ShardingType, Scheme]:
@@ -44,8 +44,7 @@ SCHEMES: dict[ShardingType, Scheme] = discover()
 # (neocfg.sharding.collectives): all tables of a kind share them.
 OUTPUT_COLLECTIVES = {kind: output_collectives(kind.value) for kind in OutputKind}
 # ... of them the reduce-scatters and all-gathers (priced at hardware.reduce_scatter_latency_us where it is given).
-GATHER_COLLECTIVES = {kind: sum(k in (CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
-                                for k in output_collective_kinds(kind.value)) for kind in OutputKind}
+GATHER_COLLECTIVES = {kind: sum(k in GATHER_KINDS for k in output_collective_kinds(kind.value)) for kind in OutputKind}
 # Id collectives of the unpipelined step (the counts, then the payload): collectives.id_collectives.
 IDS_COLLECTIVES = id_collectives(pipeline=False, ahead=False)
 

@@ -42,6 +42,10 @@ FP32 = 4
 # DDP's gradient buckets (torch.nn.parallel.DistributedDataParallel): the first holds up to 1 MiB
 # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), the others up to bucket_cap_mb (planner.costs.ddp_bucket_mib).
 DDP_FIRST_BUCKET_BYTES = 1 << 20
+# The exchange's reduce-scatters and all-gathers (the row-wise outputs' partial sums and their gradients, a node's
+# two-level collectives): priced at a latency and a host rate of their own (hardware.reduce_scatter_latency_us,
+# hardware.device.gather_copy_gbs).
+GATHER_KINDS = (CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
 
 
 @dataclass(frozen=True)
