@@ -30,6 +30,7 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
                                                      all-gathers x reduce_scatter_latency_us + bytes / (the link's
                                                      rate, then exchange_copy_gbs for the host copies around it;
                                                      gather_copy_gbs for the reduce-scatters' and all-gathers')
+                                                     + ddp_exchange_wait_us where DDP syncs the dense gradients
 
     .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
     .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json ...]
@@ -221,6 +222,7 @@ def features(run: dict) -> dict:
             "prefetch_ids": plan.strategies.ids_exchange is IdsExchange.prefetch,
             "train_flops": flops * b * TRAIN_FLOPS_PER_FWD, "act_bytes": dense_activations(cfg.model) * FP32 * b,
             "ddp": ddp, "riders": rider_bytes(cfg, sync), "a2a_collectives": outputs - gathers,
+            "ddp_waits": int(sync is DenseGradSync.ddp and outputs > 0 and not overlap),
             "gather_collectives": gathers, "overlap": bool(overlap), "exchange_kernels_ms": c.embedding_step_kernels * cost.kernel_overhead_ms,
             "exchange_ms_per_byte": cost.a2a_ms_per_byte() + cost.exchange_copy_ms_per_byte,
             "link_ms_per_byte": cost.a2a_ms_per_byte(),
@@ -384,7 +386,7 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
     # all-to-alls and its reduce-scatters and all-gathers (each kind a latency of its own) + their bytes, each kind's
     # at a rate of its own (the bytes the cost model prices, recovered from its time at its rate per byte, and the
     # dense gradients riding in the backward all-to-all where the plan folds them; a calibration run's tables are all
-    # of one kind); runs whose all-to-all travels behind the bottom MLP (their laps hold only what it leaves exposed)
+    # of one kind) + the exchange's wait behind DDP's first bucket where DDP syncs them; runs whose all-to-all travels behind the bottom MLP (their laps hold only what it leaves exposed)
     # are left out, unless the preset's bottom MLP hides none of it
     rows, ys, names = [], [], []
     for r in runs:
@@ -396,14 +398,16 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
                 gathered = f["gather_collectives"] > 0
                 moved = rank["out_ms"] / f["gather_ms_per_byte" if gathered else "exchange_ms_per_byte"]
                 rows.append([f["a2a_collectives"], f["gather_collectives"],
-                             (0.0 if gathered else moved) + f["riders"], moved if gathered else 0.0])
+                             (0.0 if gathered else moved) + f["riders"], moved if gathered else 0.0,
+                             f["ddp_waits"]])
                 ys.append(laps["comm_fwd"] + laps["comm_bwd"] - f["exchange_kernels_ms"])
                 names.append(r["name"])
-    alpha, gather, per_byte, per_gathered = _fit(rows, ys)
+    alpha, gather, per_byte, per_gathered, ddp_wait = _fit(rows, ys)
     for n, x, y in zip(names, rows, ys):
-        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2] + per_gathered * x[3])
+        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2] + per_gathered * x[3] + ddp_wait * x[4])
     out["collective_latency_us"] = alpha * 1e3
     out["reduce_scatter_latency_us"] = gather * 1e3
+    out["ddp_exchange_wait_us"] = ddp_wait * 1e3
     copy = per_byte - any_f["link_ms_per_byte"]
     out["device.exchange_copy_gbs"] = 1 / copy / 1e6 if copy > 0 else None
     copy = per_gathered - any_f["gather_link_ms_per_byte"]

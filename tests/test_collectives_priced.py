@@ -294,7 +294,8 @@ def test_the_bottom_mlp_hides_the_outputs_all_to_all(bottom, eff):
     hardware.output_overlap_efficiency scales what can hide: half of the link's part at 0.5, none at 0 (cpu_local's
     own value)."""
     base = ["model=dlrm_tiny", "hardware=cpu_local", f"train.batch_size={BATCH}", "train.dense_grad_sync=ddp",
-            "train.ids_exchange=step", f"hardware.output_overlap_efficiency={eff}"]
+            "train.ids_exchange=step", f"hardware.output_overlap_efficiency={eff}",
+            "hardware.ddp_exchange_wait_us=0"]   # (the waited-for exchange's DDP wait: its own test)
     mfu = {"long": 1e-7, "none": 1.0, "half": None}[bottom]
     extra = ["hardware.device.peak_tflops=1000000000"] if bottom == "none" else []
     cfg = compose_cfg(base + FLOPS_ONLY + extra + [f"hardware.device.dense_mfu={mfu or 1.0}"])

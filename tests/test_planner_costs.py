@@ -460,6 +460,28 @@ def test_exchange_copy_per_byte(table):
     assert perf.bwd_comm == approx(2 * 1000 * 16 * 4 * RS)         # the gradient all-reduced in place, no copies
 
 
+def test_ddp_sync_adds_its_wait_where_the_plan_waits_for_its_exchange():
+    """ddp_exchange_wait_us: once per step in the estimate's backward comm where DDP syncs the dense gradients and the
+    plan waits for its output exchange (table- or row-wise); not where the outputs travel behind the bottom MLP, nor
+    where the gradients ride in the exchange. The solver's terms leave it out: the same placement either way."""
+    from neocfg.planner.pipeline import plan_placement
+
+    def plans(*extra):
+        base = [TABLE + [("u", 500, 16, 1)], "planner.time_limit_s=5"]
+        return [plan_placement(round_cfg(base[0], base[1], *extra, *wait)) for wait in
+                ([], ["+hardware.ddp_exchange_wait_us=700"])]
+
+    for sync, overlap, kind, paid in (("ddp", "wait", "table_wise", 0.7), ("ddp", "wait", "row_wise", 0.7),
+                                      ("ddp", "overlap", "table_wise", 0.0),
+                                      ("exchange", "wait", "table_wise", 0.0)):
+        without, with_wait = plans(f"train.dense_grad_sync={sync}", f"train.output_overlap={overlap}",
+                                   f"planner.sharding_types=[{kind}]")
+        assert with_wait.strategies.output_overlap is (overlap == "overlap"), (sync, overlap, kind)
+        assert [t.shards for t in with_wait.tables] == [t.shards for t in without.tables]
+        assert with_wait.solver.objective_ms == approx(without.solver.objective_ms)
+        assert with_wait.estimate.step_ms - without.estimate.step_ms == approx(paid), (sync, overlap, kind)
+
+
 def test_gather_copy_per_byte(table):
     """gather_copy_gbs prices the bytes of the exchange's reduce-scatters and all-gathers (row-wise outputs and their
     gradients); the ids' all-to-all and the table-wise exchange keep exchange_copy_gbs."""

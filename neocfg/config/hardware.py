@@ -199,6 +199,11 @@ class HardwareConfig:
     # group, behind the dense backward), microseconds; unset: collective_latency_us. The ranks reach them together
     # (the same dense work since the last all-to-all): no wait for a late peer in it.
     ddp_latency_us: Optional[float] = None
+    # What a plan whose dense gradients DDP syncs, and which waits for its output exchange (no output overlap), adds to
+    # that exchange's backward: it waits behind DDP's first bucket all-reduce (the gradients of the layers above the
+    # embeddings, ready before it, in flight on the same core), microseconds per step, in the estimate (not the
+    # solver's terms); unset: 0. cpu_local: measured (bench/calibrate_step.py).
+    ddp_exchange_wait_us: Optional[float] = None
     # Fixed time of one reduce-scatter or all-gather of the embedding exchange in a training step (the row-wise
     # outputs' partial sums and their gradients, the two-level exchange's node collectives), microseconds; unset:
     # collective_latency_us. cpu_local: measured (bench/calibrate_step.py fits it beside the all-to-all's).
@@ -231,6 +236,8 @@ class HardwareConfig:
             checks.non_negative(f"{key}.all_reduce_latency_us", self.all_reduce_latency_us)
         if self.ddp_latency_us is not None:
             checks.non_negative(f"{key}.ddp_latency_us", self.ddp_latency_us)
+        if self.ddp_exchange_wait_us is not None:
+            checks.non_negative(f"{key}.ddp_exchange_wait_us", self.ddp_exchange_wait_us)
         if self.reduce_scatter_latency_us is not None:
             checks.non_negative(f"{key}.reduce_scatter_latency_us", self.reduce_scatter_latency_us)
         checks.in_range(f"{key}.output_overlap_efficiency", self.output_overlap_efficiency, 0.0, 1.0)

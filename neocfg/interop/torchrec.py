@@ -357,7 +357,7 @@ def stand_in_kernels(search_space: Sequence[ShardingOption]) -> StandIns:
 # what the bottom MLP hides of the outputs' all-to-all (output_overlap), absent from TorchRec's rating.
 _FIXED_TERMS = ("collective_latency_ms", "reduce_scatter_latency_ms", "all_reduce_latency_ms", "kernel_overhead_ms",
                 "routing_ms_per_step", "routing_ms_per_id", "tbe_ms_per_group", "rider_bytes",
-                "output_overlap_efficiency")
+                "ddp_wait_ms", "output_overlap_efficiency")
 _Key = tuple[str, str, str, int]   # table, sharding type, compute kernel, column slices (0 when not sliced)
 
 

@@ -133,6 +133,9 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         hidden = Hiding.priced(cost, dense.bottom, tables).per_device(cost.topo, placements)
         perf = [dataclasses.replace(q, fwd_comm=q.fwd_comm - h.fwd_comm, bwd_comm=q.bwd_comm - h.bwd_comm)
                 for q, h in zip(perf, hidden)]
+    # the output exchange's backward wait behind DDP's first bucket, where the plan waits for that exchange
+    wait = cost.ddp_wait_step_ms(kinds, strategies.dense_grad_sync, strategies.output_overlap)
+    perf = [dataclasses.replace(q, bwd_comm=q.bwd_comm + wait) for q in perf]
     devices = tuple(
         DeviceEstimate(rank=r, hbm_bytes=hbm[r] + dense.resident_bytes, host_bytes=host[r],
                        compute_ms=perf[r].compute + dense.perf.compute, comm_ms=perf[r].comm + dense.perf.comm,

@@ -226,6 +226,13 @@ def rider_bytes(cfg: NeocfgConfig, sync: DenseGradSync) -> int:
     return cfg.hardware.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
 
 
+def ddp_wait_ms(cfg: NeocfgConfig, sync: DenseGradSync) -> float:
+    """The outputs' backward all-to-all's wait behind DDP's first bucket all-reduce under this sync
+    (hardware.ddp_exchange_wait_us; none unless DDP syncs the dense gradients)."""
+    wait = cfg.hardware.ddp_exchange_wait_us
+    return wait / 1e3 if sync is DenseGradSync.ddp and wait else 0.0
+
+
 # The batch size in items (ids or bags) at which hardware.host.synthetic_ns_per_id / _per_bag are the rates: the
 # generator's block of ids (neocfg.data.synthetic.ID_BLOCK).
 SYNTHETIC_REF_ITEMS = 2**16
@@ -300,6 +307,7 @@ class CostModel:
     # exchanged in the prefetch thread): its bytes are not in the step, only the wait at its end (its latency)
     ids_overlapped: bool = False
     rider_bytes: int = 0                 # dense gradients riding in the backward all-to-all, per device (world x)
+    ddp_wait_ms: float = 0.0             # the exchange's backward wait behind DDP's first bucket (ddp_wait_step_ms)
     # Share of the outputs' all-to-all (latency + wire) the bottom MLP's compute can hide under output_overlap
     output_overlap_efficiency: float = 1.0
     # The plan's routing encoding where it is known (a placed plan's StepStrategies.routing_encoding); None: before
@@ -340,6 +348,7 @@ class CostModel:
             id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg), id_weights=id_weights(cfg),
             ids_overlapped=step_ids_overlapped(cfg),
             rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)),
+            ddp_wait_ms=ddp_wait_ms(cfg, DenseGradSync.ddp),
             output_overlap_efficiency=hw.output_overlap_efficiency)
 
     @property
@@ -405,6 +414,14 @@ class CostModel:
         if not self.rider_bytes or not any(self.kind_of(s) is OutputKind.all_to_all for s in shardings):
             return 0.0
         return self.rider_bytes * (self.a2a_ms_per_byte() + self.exchange_copy_ms_per_byte)
+
+    def ddp_wait_step_ms(self, shardings: Iterable[ShardingType], sync: DenseGradSync, overlap: bool) -> float:
+        """The output exchange's backward wait behind DDP's first bucket all-reduce (hardware.ddp_exchange_wait_us),
+        once per step: where DDP syncs the dense gradients and outputs are exchanged and waited for (not sent behind
+        the bottom MLP: there the wait did not show). Priced in the plan's estimate, not in the solver's terms: it
+        only raises a plan's price above what the bound bounds."""
+        exchanged = any(self.kind_of(s) is not OutputKind.replicated for s in shardings)
+        return self.ddp_wait_ms if sync is DenseGradSync.ddp and exchanged and not overlap else 0.0
 
     def embedding_overhead_ms(self, shardings: Iterable[ShardingType], groups: int = 0) -> Perf:
         """Fixed per-step costs of the embedding part on one device, for a plan with these sharding types, the device
