@@ -201,8 +201,8 @@ class HardwareConfig:
     ddp_latency_us: Optional[float] = None
     # What a plan whose dense gradients DDP syncs, and which waits for its output exchange (no output overlap), adds to
     # that exchange's backward: it waits behind DDP's first bucket all-reduce (the gradients of the layers above the
-    # embeddings, ready before it, in flight on the same core), microseconds per step, in the estimate (not the
-    # solver's terms); unset: 0. cpu_local: measured (bench/calibrate_step.py).
+    # embeddings, ready before it, in flight on the same core), microseconds per step, in the estimate and the objective
+    # (not the bound); unset: 0. cpu_local: measured (bench/calibrate_step.py).
     ddp_exchange_wait_us: Optional[float] = None
     # Fixed time of one reduce-scatter or all-gather of the embedding exchange in a training step (the row-wise
     # outputs' partial sums and their gradients, the two-level exchange's node collectives), microseconds; unset:

@@ -418,8 +418,9 @@ class CostModel:
     def ddp_wait_step_ms(self, shardings: Iterable[ShardingType], sync: DenseGradSync, overlap: bool) -> float:
         """The output exchange's backward wait behind DDP's first bucket all-reduce (hardware.ddp_exchange_wait_us),
         once per step: where DDP syncs the dense gradients and outputs are exchanged and waited for (not sent behind
-        the bottom MLP: there the wait did not show). Priced in the plan's estimate, not in the solver's terms: it
-        only raises a plan's price above what the bound bounds."""
+        the bottom MLP: there the wait did not show). The solvers leave it out (whether a plan pays it turns on whether
+        it overlaps, under output_overlap=auto on CPU on whether the bottom MLP covers it), so their bound stays a
+        bound; a plan's objective and estimate pay it (neocfg.planner.assemble)."""
         exchanged = any(self.kind_of(s) is not OutputKind.replicated for s in shardings)
         return self.ddp_wait_ms if sync is DenseGradSync.ddp and exchanged and not overlap else 0.0
 

@@ -169,6 +169,19 @@ def auto_covers_only(cfg: NeocfgConfig) -> bool:
     return cfg.train.output_overlap is OutputOverlap.auto and cfg.hardware.device.kind is DeviceKind.cpu
 
 
+def solver_overlaps(cfg: NeocfgConfig, cost: CostModel, hiding: Hiding, placements: Sequence[Placement]) -> bool:
+    """Whether a plan of these placements overlaps its outputs' all-to-all in the solvers' view (`hiding`: Hiding.of
+    cfg): the strategies' rule with the dense sync priced before placement (planned_output_overlap); under
+    cover_only only where the bottom MLP covers it (as bottom_covers)."""
+    if not planned_output_overlap(cfg):
+        return False
+    if not hiding.on:   # nothing can hide: overlapped wherever an output comes back by all-to-all, unless cover_only
+        return not auto_covers_only(cfg) and any(cost.kind_of(p.option.sharding) is OutputKind.all_to_all
+                                                 for p in placements)
+    wire = hiding._device_wire(cost.topo, placements)
+    return wire is not None and (not hiding.cover_only or hiding.covers(wire))
+
+
 def bottom_covers(cfg: NeocfgConfig, plan) -> bool:
     """Whether the bottom MLP covers this plan's outputs' all-to-all each way on every device (module doc): the
     strategies' auto rule on CPU devices. False where nothing would hide (efficiency 0, no all-to-all output)."""
