@@ -89,7 +89,6 @@ class TwinnedTBE(SplitTableBatchedEmbeddingBagsCodegen):
             cols.append(torch.arange(at, at + spec[1]))
             at += 2 * spec[1]
         self.register_buffer("keep_cols", torch.cat(cols).to(kw["device"]), persistent=False)
-        self.twin_width = at
         self.twin_cols = _TwinColumns(self.n_tables, {spec[1] for spec in specs})
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights=None, **kw) -> torch.Tensor:
