@@ -7,6 +7,8 @@ the run's metrics.json (neocfg.run_metrics.RunMetrics.predicted_vs_measured_ms):
   small    8 tables of dim 16, 1k-200k rows, pooling 1-4, uniform ids (zipf_alpha 0)
   criteo   criteo_kaggle, tables capped at 1M rows
   unseen_dim32, unseen_dim8   shapes the calibration did not see (dims 32 and 8, skewed ids, 40 and 400 tables)
+  unseen_dim64, unseen_mixed  (not in the default list) 12 tables of dim 64 with 20k-1M rows and Zipf 1.2 ids;
+           99 tables of dims 8, 16 and 32 in turn, uniform ids
   prod856  prod_856's 856 tables, pooling factors x 2.6 (~12,600 ids per sample), dim 16, capped at 20k rows (as
            bench/bench_856.py --pooling-scale 2.6), a few steps
 
@@ -57,8 +59,12 @@ DISTURBED_SHARE = 0.15
 # The machine's speed beside each run (two quiet runs of the small model once differed by a third in every lap): a
 # fixed workload timed just before the run, on one thread: PROBE_MATMULS products of PROBE_SIZE-square fp32 matrices
 # (compute), and PROBE_HANDOFFS round trips of a byte through a pipe to another process (the wake-up that each gloo
-# handoff of a small step waits for). Recorded beside the run, not used by the estimate.
+# handoff of a small step waits for), and a gather of PROBE_GATHER random 64-byte rows of a table of PROBE_TABLE_ROWS
+# (128 MiB: memory, not the processor caches, as a TBE's lookups of large tables; the matmuls do not see the memory
+# bandwidth that other tenants of the host take, and the same model's lookups read 1.72 and 2.2 ms half an hour
+# apart under the same matmul time). Recorded beside the run, not used by the estimate.
 PROBE_SIZE, PROBE_MATMULS, PROBE_HANDOFFS = 256, 200, 400
+PROBE_TABLE_ROWS, PROBE_GATHER = 1 << 21, 1 << 20
 
 
 def _echo(conn) -> None:
@@ -67,7 +73,8 @@ def _echo(conn) -> None:
 
 
 def probe() -> dict:
-    """{"matmul_ms": the products' time, "handoff_us": the median round trip}, measured now."""
+    """{"matmul_ms": the products' time, "handoff_us": the median round trip, "gather_ms": the best of 3 gathers},
+    measured now."""
     import multiprocessing as mp
 
     import torch
@@ -80,6 +87,14 @@ def probe() -> dict:
     for _ in range(PROBE_MATMULS):
         a @ a
     matmul_ms = (time.perf_counter() - t) * 1e3
+    table = torch.ones(PROBE_TABLE_ROWS, 16)
+    rows = torch.randint(PROBE_TABLE_ROWS, (PROBE_GATHER,))
+    gathers = []
+    for _ in range(4):   # (the first pages in the output)
+        t = time.perf_counter()
+        table.index_select(0, rows)
+        gathers.append(time.perf_counter() - t)
+    del table
     torch.set_num_threads(threads)
     ours, theirs = mp.get_context("fork").Pipe()
     child = mp.get_context("fork").Process(target=_echo, args=(theirs,), daemon=True)
@@ -92,7 +107,8 @@ def probe() -> dict:
         trips.append(time.perf_counter() - t)
     ours.send_bytes(b"")
     child.join()
-    return {"matmul_ms": matmul_ms, "handoff_us": sorted(trips)[len(trips) // 2] * 1e6}
+    return {"matmul_ms": matmul_ms, "handoff_us": sorted(trips)[len(trips) // 2] * 1e6,
+            "gather_ms": min(gathers[1:]) * 1e3}
 
 
 @dataclass(frozen=True)
@@ -132,7 +148,14 @@ def _unseen(name: str, tables: int, dim: int, rows: list[int], pooling: list[flo
             **changes}
 
 
+def _mixed_dims(model: dict, dims: tuple[int, ...]) -> dict:
+    """The model with its tables' dims cycling over `dims`."""
+    return {**model, "tables": [{**t, "embedding_dim": dims[i % len(dims)]} for i, t in enumerate(model["tables"])]}
+
+
 def kinds() -> dict[str, Kind]:
+    mixed = _unseen("terms_unseen_mixed", 99, 16, [2_000, 30_000, 300_000], [1, 10, 3, 6], 0.0, [64, 32], [128, 1],
+                    interaction="dcn", dcn_low_rank_dim=16, dcn_num_layers=1)
     return {
         "small": Kind("small", _small(), steps=300),
         "criteo": Kind("criteo", _from_preset("criteo_kaggle", "terms_criteo", CRITEO_ROWS_CAP), steps=200),
@@ -150,6 +173,13 @@ def kinds() -> dict[str, Kind]:
                                                    [1, 3, 8, 2], 0.0, [32, 8], [64, 1], interaction="dcn",
                                                    dcn_low_rank_dim=8, dcn_num_layers=1), steps=30,
                             extra=("planner.time_limit_s=20",)),
+        # not seen: wide rows of large tables, few and skewed ids, a dot interaction over dim 64
+        "unseen_dim64": Kind("unseen_dim64", _unseen("terms_unseen_dim64", 12, 64, [100_000, 1_000_000, 20_000],
+                                                     [1, 2, 5], 1.2, [256, 64], [256, 128, 1], interaction="dot"),
+                             steps=100),
+        # not seen: tables of three dims side by side (8, 16, 32 in turn), uniform ids, one DCN layer of rank 16
+        "unseen_mixed": Kind("unseen_mixed", _mixed_dims(mixed, (8, 16, 32)), steps=40,
+                             extra=("planner.time_limit_s=20",)),
     }
 
 
@@ -280,8 +310,9 @@ def markdown(results: list[dict]) -> str:
              "tolerance):", "", summary(results), "",
              f"Each run's heading gives the share of the machine's cores other processes took while it ran (a run over "
              f"{100 * DISTURBED_SHARE:.0f} % is repeated, up to --retries times, and says so) and the machine's speed "
-             f"just before it (probe: {PROBE_MATMULS} products of {PROBE_SIZE}-square matrices on one thread, and the "
-             f"median round trip of a byte to another process).", "",
+             f"just before it (probe: {PROBE_MATMULS} products of {PROBE_SIZE}-square matrices on one thread, the "
+             f"median round trip of a byte to another process, and, where recorded, the best of 3 gathers of "
+             f"{PROBE_GATHER:,} random 64-byte rows from a 128 MiB table).", "",
              "Predicted / measured ms per step (mean over the 2 ranks; the embedding terms the busiest rank's), the "
              "ratio, the measured share of the step, and the verdict (ok: within the tolerance; small: under the "
              "floor in both):", ""]
@@ -290,7 +321,8 @@ def markdown(results: list[dict]) -> str:
                   + (f", after {r['repeated']} disturbed" if r.get("repeated") else "") if "others" in r else "")
         if "probe" in r:
             beside += (f"; machine probe: matmul {r['probe']['matmul_ms']:.0f} ms, handoff "
-                       f"{r['probe']['handoff_us']:.0f} us")
+                       f"{r['probe']['handoff_us']:.0f} us"
+                       + (f", gather {r['probe']['gather_ms']:.0f} ms" if "gather_ms" in r["probe"] else ""))
         lines += [f"**{r['kind']}, {r['sharding']}, run {r['run']}** ({r['steps']} steps{beside}; laps: {r['laps']})",
                   "",
                   "| term | predicted | measured | ratio | share | verdict |", "|---|---|---|---|---|---|"]
