@@ -76,6 +76,20 @@ def test_output_overlap_resolves_where_it_can_run():
         st(S.row_wise, "train.dense_grad_sync=ddp", "train.output_overlap=overlap")
 
 
+@pytest.mark.parametrize("efficiency", ["0.01", "0.5"])
+def test_a_placed_plan_overlaps_exactly_where_the_rule_says(efficiency):
+    """The planner resolves a placed plan's overlap from the cost model and placements it holds; that answer is the
+    strategies' auto rule worked out from the plan alone (hiding.bottom_covers), covered (efficiency 0.01) or not
+    (cpu_local's 0.5)."""
+    from neocfg.planner.hiding import bottom_covers
+    from neocfg.planner.pipeline import plan_placement
+
+    cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp", "planner.sharding_types=[table_wise]",
+                       f"hardware.output_overlap_efficiency={efficiency}", "planner.time_limit_s=5"])
+    plan = plan_placement(cfg)
+    assert plan.strategies.output_overlap is bottom_covers(cfg, plan) is (efficiency == "0.01")
+
+
 def test_a_plan_file_without_output_overlap_waits(tmp_path):
     """Plan files written before the key existed load, and run the exchange waited for at once."""
     cfg = compose_cfg(["train.batch_size=16", "train.dense_grad_sync=ddp", "hardware.output_overlap_efficiency=0.01"])

@@ -76,7 +76,9 @@ def assemble(cfg: NeocfgConfig, cost: CostModel, dense: DenseCost, result: Solve
         batch_size_per_device=cfg.train.batch_size, a2a_fwd_dtype=cfg.planner.a2a_fwd_dtype,
         a2a_bwd_dtype=cfg.planner.a2a_bwd_dtype, tables=table_plans, devices=(),
         estimate=Estimate(step_ms=0.0, samples_per_s=0.0), solver=SolverReport("", "", 0.0, 0.0, 0.0, 0.0), dpp=None)
-    strategies = strategies or resolve_strategies(cfg, plan)
+    if strategies is None:   # (the bottom MLP's cover of this plan's exchange, from what is at hand: bottom_covers)
+        covers = Hiding.priced(cost, dense.bottom, tables).covered(cost.topo, placements)
+        strategies = resolve_strategies(cfg, plan, covers=covers)
     perf = device_perf(cost, placements)
     # Fixed per-step costs of the embedding part (collective latency, host kernels): the same on every device.
     kinds = {p.option.sharding for p in placements}

@@ -116,6 +116,12 @@ class Hiding:
                 wire[r, 1] += b
         return wire if a2a else None
 
+    def covered(self, topo: Topology, placements: Sequence[Placement]) -> bool:
+        """Whether some output of this plan comes back by all-to-all and the bottom MLP covers efficiency x (latency +
+        wire) of it each way on every device (the strategies' auto rule on CPU devices; False with NO_HIDING)."""
+        wire = self._device_wire(topo, placements)
+        return wire is not None and self.covers(wire)
+
     def covers(self, wire: np.ndarray) -> bool:
         """Whether the bottom MLP covers efficiency x (latency + wire) each way on every device ([device, way])."""
         return bool(np.all(self.latency + wire[:, 0] <= self.bottom.fwd_compute)
@@ -190,7 +196,4 @@ def bottom_covers(cfg: NeocfgConfig, plan) -> bool:
 
     cost = CostModel.from_config(cfg)
     hiding = Hiding.priced(cost, dense_cost(cfg, DenseGradSync.ddp).bottom, cfg.model.tables)
-    if not hiding.on:
-        return False
-    wire = hiding._device_wire(cost.topo, placements_of(cfg, cost, plan))
-    return wire is not None and hiding.covers(wire)
+    return hiding.on and hiding.covered(cost.topo, placements_of(cfg, cost, plan))

@@ -109,9 +109,12 @@ def id_weights(cfg: NeocfgConfig) -> bool:
     return bool(cfg.dsi.columns.weights) and cfg.dsi.source is not DataSource.synthetic
 
 
-def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> StepStrategies:
+def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None,
+            covers: bool | None = None) -> StepStrategies:
     """The strategies cfg asks for, every auto decided, for this plan on cfg's hardware. source_prefetches: whether
-    the batches come from a source with a prefetch thread (default: cfg's, the synthetic source has one)."""
+    the batches come from a source with a prefetch thread (default: cfg's, the synthetic source has one); covers:
+    whether the bottom MLP covers the plan's output exchange (hiding.bottom_covers; default: worked out here), where
+    a caller that has the plan's cost model and placements already knows it."""
     tc = cfg.train
     if source_prefetches is None:
         source_prefetches = cfg.dsi.source is DataSource.synthetic
@@ -125,7 +128,8 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     if overlap:
         from neocfg.planner.hiding import auto_covers_only, bottom_covers
 
-        overlap = not auto_covers_only(cfg) or bottom_covers(cfg, plan)
+        if auto_covers_only(cfg):
+            overlap = bottom_covers(cfg, plan) if covers is None else covers
     return StepStrategies(
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange, dense_grad_sync=sync,
         id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
