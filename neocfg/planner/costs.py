@@ -226,13 +226,6 @@ def rider_bytes(cfg: NeocfgConfig, sync: DenseGradSync) -> int:
     return cfg.hardware.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
 
 
-def ddp_wait_ms(cfg: NeocfgConfig, sync: DenseGradSync) -> float:
-    """The outputs' backward all-to-all's wait behind DDP's first bucket all-reduce under this sync
-    (hardware.ddp_exchange_wait_us; none unless DDP syncs the dense gradients)."""
-    wait = cfg.hardware.ddp_exchange_wait_us
-    return wait / 1e3 if sync is DenseGradSync.ddp and wait else 0.0
-
-
 # The batch size in items (ids or bags) at which hardware.host.synthetic_ns_per_id / _per_bag are the rates: the
 # generator's block of ids (neocfg.data.synthetic.ID_BLOCK).
 SYNTHETIC_REF_ITEMS = 2**16
@@ -348,7 +341,7 @@ class CostModel:
             id_bytes=planned_id_dtype(cfg).bytes, id_collectives=step_id_collectives(cfg), id_weights=id_weights(cfg),
             ids_overlapped=step_ids_overlapped(cfg),
             rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)),
-            ddp_wait_ms=ddp_wait_ms(cfg, DenseGradSync.ddp),
+            ddp_wait_ms=(hw.ddp_exchange_wait_us or 0.0) / 1e3,
             output_overlap_efficiency=hw.output_overlap_efficiency)
 
     @property

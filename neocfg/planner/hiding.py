@@ -184,8 +184,9 @@ def solver_overlaps(cfg: NeocfgConfig, cost: CostModel, hiding: Hiding, placemen
     if not hiding.on:   # nothing can hide: overlapped wherever an output comes back by all-to-all, unless cover_only
         return not auto_covers_only(cfg) and any(cost.kind_of(p.option.sharding) is OutputKind.all_to_all
                                                  for p in placements)
-    wire = hiding._device_wire(cost.topo, placements)
-    return wire is not None and (not hiding.cover_only or hiding.covers(wire))
+    if hiding.cover_only:
+        return hiding.covered(cost.topo, placements)
+    return hiding._device_wire(cost.topo, placements) is not None
 
 
 def bottom_covers(cfg: NeocfgConfig, plan) -> bool:
