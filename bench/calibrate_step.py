@@ -113,6 +113,10 @@ def _runs() -> dict[str, CalRun]:
     mid64 = _model("cal_mid64", 20, 100_000, 2, [64, 64], [64, 1], alpha=0.8, dim=64)
     # large tables (51 MB each): rows the processor caches do not hold
     big32 = _model("cal_big32", 8, 400_000, 4, [64, 32], [64, 1], dim=32)
+    # wide rows of large skewed tables (256 MB each) at low pooling: the per-column and far-row work beside few ids
+    big64 = _model("cal_big64", 8, 1_000_000, 2, [64, 64], [64, 1], alpha=1.1, dim=64)
+    # the same rows drawn uniformly: nearly every id a distinct far row (its first fetch: four 64-byte lines)
+    big64u = {**big64, "name": "cal_big64u", "tables": [{**t, "zipf_alpha": 0.0} for t in big64["tables"]]}
     # pooling spread over the tables, heavy-tailed (most bags short, most ids in a few long ones), skewed ids
     spread = _model("cal_spread", 200, 20_000, 1, [64, DIM], [64, 1], "dcn", alpha=0.9, dcn_low_rank_dim=16,
                     dcn_num_layers=1)
@@ -128,7 +132,8 @@ def _runs() -> dict[str, CalRun]:
         **_both("wide", wide, 30, ("planner.time_limit_s=10",)), **_both("deep", deep, 30, ("planner.time_limit_s=10",)),
         "skewed_tw": CalRun(Kind("skewed", skewed, steps=30, extra=("planner.time_limit_s=10",)), "table_wise", 256),
         **_both("few32", few32, 200), **_both("many8", many8, 60), **_both("mid64", mid64, 60),
-        **_both("big32", big32, 100), **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
+        **_both("big32", big32, 100), **_both("big64", big64, 100),
+        "big64u_tw": CalRun(Kind("big64u", big64u, steps=100), "table_wise", 256), **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
