@@ -117,6 +117,10 @@ def _runs() -> dict[str, CalRun]:
     big64 = _model("cal_big64", 8, 1_000_000, 2, [64, 64], [64, 1], alpha=1.1, dim=64)
     # the same rows drawn uniformly: nearly every id a distinct far row (its first fetch: four 64-byte lines)
     big64u = {**big64, "name": "cal_big64u", "tables": [{**t, "zipf_alpha": 0.0} for t in big64["tables"]]}
+    # many distinct wide rows: 60 uniform tables of 300k rows x dim 32 at pooling 8 (the estimate's unseen_mixed
+    # reads its compute a third low where its dim-32 tables are)
+    wide32u = _model("cal_wide32u", 60, 300_000, 8, [64, 32], [64, 1], "dcn", dim=32, dcn_low_rank_dim=16,
+                     dcn_num_layers=1)
     # pooling spread over the tables, heavy-tailed (most bags short, most ids in a few long ones), skewed ids
     spread = _model("cal_spread", 200, 20_000, 1, [64, DIM], [64, 1], "dcn", alpha=0.9, dcn_low_rank_dim=16,
                     dcn_num_layers=1)
@@ -133,7 +137,12 @@ def _runs() -> dict[str, CalRun]:
         "skewed_tw": CalRun(Kind("skewed", skewed, steps=30, extra=("planner.time_limit_s=10",)), "table_wise", 256),
         **_both("few32", few32, 200), **_both("many8", many8, 60), **_both("mid64", mid64, 60),
         **_both("big32", big32, 100), **_both("big64", big64, 100),
-        "big64u_tw": CalRun(Kind("big64u", big64u, steps=100), "table_wise", 256), **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
+        "big64u_tw": CalRun(Kind("big64u", big64u, steps=100), "table_wise", 256),
+        **_both("wide32u", wide32u, 30, ("planner.time_limit_s=10",)),
+        # the batch's part of each term: the same models at 4x and 2x the batch
+        "many_tw_1024": CalRun(Kind("many", many, steps=30), "table_wise", 1024),
+        "many_rw_1024": CalRun(Kind("many", many, steps=30), "row_wise", 1024),
+        "wide_tw_512": CalRun(Kind("wide", wide, steps=30, extra=("planner.time_limit_s=10",)), "table_wise", 512), **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
