@@ -142,7 +142,12 @@ def _runs() -> dict[str, CalRun]:
         # the batch's part of each term: the same models at 4x and 2x the batch
         "many_tw_1024": CalRun(Kind("many", many, steps=30), "table_wise", 1024),
         "many_rw_1024": CalRun(Kind("many", many, steps=30), "row_wise", 1024),
-        "wide_tw_512": CalRun(Kind("wide", wide, steps=30, extra=("planner.time_limit_s=10",)), "table_wise", 512), **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
+        "many_tw_512": CalRun(Kind("many", many, steps=30), "table_wise", 512),
+        "many8_tw_1024": CalRun(Kind("many8", many8, steps=30), "table_wise", 1024),
+        "few_rw_1024": CalRun(Kind("few", few, steps=100), "row_wise", 1024),
+        "wide_tw_512": CalRun(Kind("wide", wide, steps=30, extra=("planner.time_limit_s=10",)), "table_wise", 512),
+        "wide_rw_512": CalRun(Kind("wide", wide, steps=30, extra=("planner.time_limit_s=10",)), "row_wise", 512),
+        **_both("spread", spread, 30, ("planner.time_limit_s=10",)),
         # the dense gradients' sync pinned against what auto picks (DDP for mlp and wide, the exchange for few and
         # many): the dense lap alone (exchange) beside it with DDP's exposed all-reduce
         "few_tw_ddp": CalRun(Kind("few", few, steps=200, extra=(DDP,)), "table_wise", 256),
