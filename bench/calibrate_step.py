@@ -9,8 +9,8 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
   embedding compute (emb_fwd + emb_bwd, per rank)  = tbe_us_per_group x groups + tbe_ns_per_bag x bags
                                                      + tbe_ns_per_bag_column x bags x their columns
                                                      + tbe_ns_per_row x distinct rows looked up
-                                                     + tbe_ns_per_far_row x those of pieces spanning more than
-                                                       table_reach_mib (x 1 - the reach / the span)
+                                                     + tbe_ns_per_far_line x their 64-byte lines, those of pieces
+                                                       spanning more than table_reach_mib (x 1 - the reach / the span)
                                                      + rows' bytes / (hbm_bandwidth_gbs x hbm_efficiency) x 3
                                                        (the Zipf head's at cache_bandwidth_gbs)
   data (the prefetch lap, ids exchanged in the step) = synthetic_us_per_batch + synthetic_us_per_sample x B
@@ -57,7 +57,7 @@ from estimate_terms import Kind, train_undisturbed  # noqa: E402
 from neocfg.plan import Plan  # noqa: E402
 from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, ddp_allreduce_ms,  # noqa: E402
                                   dense_activations, dense_cost, dense_flops_and_params, dense_layers, rider_bytes,
-                                  scaled_items, zipf_hit_rate)
+                                  row_lines, scaled_items, zipf_hit_rate)
 from neocfg.sharding import SCHEMES, embedding_collectives, gather_collectives  # noqa: E402
 from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
 
@@ -213,7 +213,8 @@ def features(run: dict) -> dict:
             r["bags"] += shape.output_samples
             r["bag_cols"] += shape.output_samples * shape.cols
             r["distinct"] += cost.distinct_rows(t, shape)
-            r["spans"].append((cost.distinct_rows(t, shape), shape.rows * shape.cols * tp.weights_dtype.bytes))
+            r["spans"].append((cost.distinct_rows(t, shape), shape.rows * shape.cols * tp.weights_dtype.bytes,
+                               shape.cols * tp.weights_dtype.bytes))
             r["bytes"] += shape.lookup_rows * shape.cols * tp.weights_dtype.bytes
             r["lookups"].append((shape.lookup_rows * shape.cols * tp.weights_dtype.bytes, t.num_embeddings, t.alpha))
             r["ids"] += shape.lookup_rows
@@ -292,7 +293,8 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
                     if rank["pieces"]:
                         hit = sum(b * (zipf_hit_rate(n, a, share) if share > 0 else 0.0)
                                   for b, n, a in rank["lookups"])
-                        far = sum(d * max(0.0, 1 - reach * 2**20 / span) for d, span in rank["spans"]) if reach else 0.0
+                        far = sum(d * max(0.0, 1 - reach * 2**20 / span) * row_lines(row)
+                                  for d, span, row in rank["spans"]) if reach else 0.0
                         rows.append([rank["groups"], rank["bags"], rank["bag_cols"], rank["distinct"], far, hit,
                                      rank["bytes"] - hit])
                         ys.append(laps["emb_fwd"] + laps["emb_bwd"] - rank["pieces"] * f["shard_overhead_ms"])
@@ -311,7 +313,7 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
 
     out = {"device.tbe_us_per_group": g * 1e3, "device.tbe_ns_per_bag": bag * 1e6,
            "device.tbe_ns_per_bag_column": bag_col * 1e6, "device.tbe_ns_per_row": per_row * 1e6,
-           "device.tbe_ns_per_far_row": per_far_row * 1e6, "device.table_reach_mib": reach if per_far_row > 0 else 0.0,
+           "device.tbe_ns_per_far_line": per_far_row * 1e6, "device.table_reach_mib": reach if per_far_row > 0 else 0.0,
            "device.hbm_bandwidth_gbs": preset_gbs(byte) if byte > 0 else None,
            "device.cache_mib": mib if cached > 0 else 0.0,
            "device.cache_bandwidth_gbs": preset_gbs(cached) if cached > 0 else None}

@@ -538,11 +538,11 @@ def test_tbe_cost_per_bag_column_and_row(table):
 
 
 def test_far_rows_cost_more_by_the_pieces_span(table):
-    """tbe_ns_per_far_row: more per distinct row as the piece's rows span beyond table_reach_mib (its own rows: a
+    """tbe_ns_per_far_line: more per distinct row as the piece's rows span beyond table_reach_mib (its own rows: a
     column slice or a row range spans less than its table)."""
     base = CostModel.from_config(round_cfg(TABLE, "hardware.device.tbe_ns_per_row=20"))
     cost = CostModel.from_config(round_cfg(TABLE, "hardware.device.tbe_ns_per_row=20",
-                                           "hardware.device.tbe_ns_per_far_row=100",
+                                           "hardware.device.tbe_ns_per_far_line=100",
                                            f"hardware.device.table_reach_mib={2**-5}"))   # 32,768 bytes
     # the whole table spans 1000 x 16 x 4 = 64,000 bytes: 1 - 32,768 / 64,000 beyond; a half-column slice
     # (32,000) or a row range (125 rows: 8,000) none
@@ -556,6 +556,26 @@ def test_far_rows_cost_more_by_the_pieces_span(table):
         assert with_far.compute == approx(without.compute + extra), sharding
     # fp16 rows span half as far: the whole table's 32,000 bytes are within the reach
     assert cost.far_share(cost.shape(table, ShardingType.table_wise, 1), WeightsDtype.fp16) == 0.0
+
+
+@pytest.mark.parametrize("dim, dtype, lines", [(8, WeightsDtype.fp32, 1), (16, WeightsDtype.fp32, 1),
+                                               (64, WeightsDtype.fp32, 4), (64, WeightsDtype.fp16, 2),
+                                               (40, WeightsDtype.fp32, 2.5)])
+def test_a_far_row_costs_per_cache_line(dim, dtype, lines):
+    """tbe_ns_per_far_line: a far row's first fetch costs per 64-byte line of the row (one at least): a dim-64 fp32
+    row four times a dim-16 one, a row narrower than a line one line."""
+    spec = [("t", 100_000, dim, 2)]
+    overrides = ("hardware.device.tbe_ns_per_row=20", "hardware.device.table_reach_mib=0.01")
+    base = CostModel.from_config(round_cfg(spec, *overrides))
+    cost = CostModel.from_config(round_cfg(spec, *overrides, "hardware.device.tbe_ns_per_far_line=100"))
+    t = round_cfg(spec).model.tables[0]
+    shape = cost.shape(t, ShardingType.table_wise, 1)
+    far = cost.far_share(shape, dtype)
+    assert far > 0.9
+    with_far, _ = cost.piece(t, ShardingType.table_wise, MemoryTier.hbm, dtype, 1)
+    without, _ = base.piece(t, ShardingType.table_wise, MemoryTier.hbm, dtype, 1)
+    extra = CostModel.distinct_rows(t, shape) * 100e-6 * far * lines
+    assert with_far.compute == approx(without.compute + extra)
 
 
 def test_distinct_fraction_follows_the_zipf_law():

@@ -66,12 +66,13 @@ class DeviceConfig:
     # (planner.costs.distinct_fraction). 0 on the GPU presets. cpu_local: measured in a training step
     # (calibrate_step.py).
     tbe_ns_per_row: float = 0.0
-    # ... and more per distinct row of a piece whose rows span more than table_reach_mib, nanoseconds, scaled by the
-    # share of the span beyond it (1 - table_reach_mib / the piece's MiB): the address translation and caches that
-    # serve a small table's rows (fbgemm walks the tables one after another) do not reach a large one's. 0 on the GPU
-    # presets. cpu_local: measured in a training step (calibrate_step.py: tables of 1-64 MB, the reach the best of
-    # 0.5-32 MiB).
-    tbe_ns_per_far_row: float = 0.0
+    # ... and more per 64-byte line of each distinct row of a piece whose rows span more than table_reach_mib (a
+    # narrower row: one line), nanoseconds, scaled by the share of the span beyond it (1 - table_reach_mib / the
+    # piece's MiB): the address translation and caches that serve a small table's rows (fbgemm walks the tables one
+    # after another) do not reach a large one's, and a wide row's lines miss one by one. 0 on the GPU presets.
+    # cpu_local: measured in a training step (calibrate_step.py: tables of 1-256 MB, rows of 32-256 bytes, the
+    # reach the best of 0.5-32 MiB).
+    tbe_ns_per_far_line: float = 0.0
     table_reach_mib: float = 0.0
     # A CPU rank's share of the processor caches, MiB, and the rate of the lookups they serve, GB/s: on device memory a
     # lookup reads its row from the cache when the row is among the hottest cache_mib x world / the model's fp32
@@ -112,7 +113,7 @@ class DeviceConfig:
         checks.non_negative(f"{key}.tbe_ns_per_bag", self.tbe_ns_per_bag)
         checks.non_negative(f"{key}.tbe_ns_per_bag_column", self.tbe_ns_per_bag_column)
         checks.non_negative(f"{key}.tbe_ns_per_row", self.tbe_ns_per_row)
-        checks.non_negative(f"{key}.tbe_ns_per_far_row", self.tbe_ns_per_far_row)
+        checks.non_negative(f"{key}.tbe_ns_per_far_line", self.tbe_ns_per_far_line)
         checks.non_negative(f"{key}.table_reach_mib", self.table_reach_mib)
         checks.non_negative(f"{key}.cache_mib", self.cache_mib)
         if self.cache_mib > 0 and self.cache_bandwidth_gbs is None:

@@ -9,8 +9,9 @@ Compute  lookup bytes / effective bandwidth of the tier (HBM, where a CPU rank's
          bandwidth, hardware.host.ddr_bandwidth_gbs / devices_per_node); backward with the fused optimizer = `bwd_compute_multiplier` x forward;
          plus hardware.device.tbe_ns_per_bag per bag (output sample) a piece pools, tbe_ns_per_bag_column per column
          of each bag (its pooled value and gradient), tbe_ns_per_row per distinct row its ids address in a step
-         (`distinct_fraction`), tbe_ns_per_far_row more per such row of a piece spanning more than
-         hardware.device.table_reach_mib (`far_share`), and tbe_us_per_group per fused lookup group.
+         (`distinct_fraction`), tbe_ns_per_far_line more per 64-byte line of such a row (`row_lines`) of a piece
+         spanning more than hardware.device.table_reach_mib (`far_share`), and tbe_us_per_group per fused lookup
+         group.
 Comm     the records a piece adds to the step's collectives (its Scheme's piece_comms: the list the runtime issues,
          neocfg.sharding.collectives), each at the holder's bytes: all-to-all from/to every device: bytes x
          (fraction within the node / intra bandwidth + fraction across nodes / inter bandwidth); cross-node
@@ -226,9 +227,19 @@ def rider_bytes(cfg: NeocfgConfig, sync: DenseGradSync) -> int:
     return cfg.hardware.num_devices * dense_flops_and_params(cfg.model)[1] * FP32
 
 
+# Bytes of one processor cache line (x86-64 and the Arm server cores alike).
+CACHE_LINE_BYTES = 64
+
 # The batch size in items (ids or bags) at which hardware.host.synthetic_ns_per_id / _per_bag are the rates: the
 # generator's block of ids (neocfg.data.synthetic.ID_BLOCK).
 SYNTHETIC_REF_ITEMS = 2**16
+
+
+def row_lines(row_bytes: float) -> float:
+    """The processor cache lines one row's first fetch reads (at least one, however narrow the row): a far row costs
+    hardware.device.tbe_ns_per_far_line per line (priced per row, whatever its width, uniform ids over wide rows
+    read 0.7-0.8 of their measured lookups; bench/calibrate_step.py)."""
+    return max(1.0, row_bytes / CACHE_LINE_BYTES)
 
 
 def scaled_items(count: float, exponent: float) -> float:
@@ -281,7 +292,8 @@ class CostModel:
     tbe_ms_per_bag: float = 0.0          # ... per bag it walks (one sample's ids of one table), forward + backward
     tbe_ms_per_bag_column: float = 0.0   # ... per column of each bag (its pooled value and that value's gradient)
     tbe_ms_per_row: float = 0.0          # ... per distinct row its ids address (fetched and updated once)
-    tbe_ms_per_far_row: float = 0.0      # ... more per such row of a piece spanning more than table_reach_bytes
+    tbe_ms_per_far_line: float = 0.0     # ... more per cache line of such a row of a piece spanning beyond
+    #                                      table_reach_bytes
     table_reach_bytes: float = 0.0
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     gather_copy_ms_per_byte: float = 0.0    # ... of its reduce-scatters and all-gathers (the sums included)
@@ -331,7 +343,7 @@ class CostModel:
             routing_ms_per_row_id=hw.device.routing_ns_per_row_id / 1e6,
             tbe_ms_per_group=tbe_us_per_group(cfg) / 1e3, tbe_ms_per_bag=hw.device.tbe_ns_per_bag / 1e6,
             tbe_ms_per_bag_column=hw.device.tbe_ns_per_bag_column / 1e6, tbe_ms_per_row=hw.device.tbe_ns_per_row / 1e6,
-            tbe_ms_per_far_row=hw.device.tbe_ns_per_far_row / 1e6, table_reach_bytes=hw.device.table_reach_mib * 2**20,
+            tbe_ms_per_far_line=hw.device.tbe_ns_per_far_line / 1e6, table_reach_bytes=hw.device.table_reach_mib * 2**20,
             exchange_copy_ms_per_byte=_copy_ms_per_byte(hw.device.exchange_copy_gbs),
             gather_copy_ms_per_byte=_copy_ms_per_byte(hw.device.gather_copy_gbs or hw.device.exchange_copy_gbs),
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
@@ -489,9 +501,11 @@ class CostModel:
         """The fused lookup's work beyond the rows' bytes, forward + backward: tbe_ms_per_bag per bag (output
         sample) the piece pools and tbe_ms_per_bag_column per column of each (its pooled value written forward, its
         gradient read back backward), tbe_ms_per_row per distinct row its ids address (`distinct_rows`), and
-        tbe_ms_per_far_row more per such row as the piece's rows span beyond table_reach_bytes (`far_share`)."""
+        tbe_ms_per_far_line more per cache line of such a row (`row_lines`) as the piece's rows span beyond
+        table_reach_bytes (`far_share`)."""
         bags = shape.output_samples * (self.tbe_ms_per_bag + self.tbe_ms_per_bag_column * shape.cols)
-        per_row = self.tbe_ms_per_row + self.tbe_ms_per_far_row * self.far_share(shape, dtype)
+        per_row = self.tbe_ms_per_row + self.tbe_ms_per_far_line * self.far_share(shape, dtype) * row_lines(
+            shape.cols * dtype.bytes)
         return bags + (self.distinct_rows(table, shape) * per_row if per_row else 0.0)
 
     def far_share(self, shape: PieceShape, dtype: WeightsDtype) -> float:
