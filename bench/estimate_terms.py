@@ -156,9 +156,24 @@ def _mixed_dims(model: dict, dims: tuple[int, ...]) -> dict:
 def kinds() -> dict[str, Kind]:
     mixed = _unseen("terms_unseen_mixed", 99, 16, [2_000, 30_000, 300_000], [1, 10, 3, 6], 0.0, [64, 32], [128, 1],
                     interaction="dcn", dcn_low_rank_dim=16, dcn_num_layers=1)
+    criteo = Kind("criteo", _from_preset("criteo_kaggle", "terms_criteo", CRITEO_ROWS_CAP), steps=200)
+    # shapes held out of the choice of the compute term's form and of the calibration: dim 24 over 3k-1.5M rows with
+    # mildly skewed ids; uniform ids over wide rows (dim 48); 200 small skewed tables
+    held_out = {
+        "unseen_dim24": Kind("unseen_dim24", _unseen("terms_unseen_dim24", 30, 24, [50_000, 400_000, 3_000, 1_500_000],
+                                                     [4, 1, 12, 2], 0.7, [128, 24], [128, 64, 1], interaction="dot"),
+                             steps=80),
+        "unseen_wide48u": Kind("unseen_wide48u", _unseen("terms_unseen_wide48u", 24, 48, [200_000, 800_000], [3, 6],
+                                                         0.0, [64, 48], [128, 1], interaction="dcn",
+                                                         dcn_low_rank_dim=16, dcn_num_layers=1), steps=60),
+        "unseen_tiny200": Kind("unseen_tiny200", _unseen("terms_unseen_tiny200", 200, 16, [500, 5_000, 20_000],
+                                                         [1, 2, 4], 1.0, [64, 16], [64, 1], interaction="dcn",
+                                                         dcn_low_rank_dim=8, dcn_num_layers=1), steps=40,
+                               extra=("planner.time_limit_s=20",)),
+    }
     return {
         "small": Kind("small", _small(), steps=300),
-        "criteo": Kind("criteo", _from_preset("criteo_kaggle", "terms_criteo", CRITEO_ROWS_CAP), steps=200),
+        "criteo": criteo,
         # as bench/bench_856.py: one low-rank DCN layer of rank 16, small MLPs, trainable
         "prod856": Kind("prod856", _from_preset("prod_856", "terms_prod856", PROD_ROWS_CAP, DIM, PROD_POOLING_SCALE, interaction="dcn",
                                                 dcn_low_rank_dim=16, dcn_num_layers=1, bottom_mlp=[64, DIM],
@@ -180,6 +195,10 @@ def kinds() -> dict[str, Kind]:
         # not seen: tables of three dims side by side (8, 16, 32 in turn), uniform ids, one DCN layer of rank 16
         "unseen_mixed": Kind("unseen_mixed", _mixed_dims(mixed, (8, 16, 32)), steps=40,
                              extra=("planner.time_limit_s=20",)),
+        **held_out,
+        # the same three and criteo at twice the batch (512 samples per rank)
+        **{f"{name}_b512": Kind(f"{name}_b512", k.model, steps=k.steps, extra=(*k.extra, "train.batch_size=512"))
+           for name, k in (*held_out.items(), ("criteo", criteo))},
     }
 
 
@@ -291,23 +310,30 @@ def worst(rows: list[dict]) -> str:
 
 
 def summary(results: list[dict]) -> str:
-    """One row per kind and sharding: each term's worst run (see `worst`) and whether every counted term of every run
-    is within the tolerance."""
+    """One row per kind, its shardings side by side in each cell (table_wise / row_wise): each term's worst run (see
+    `worst`) and whether every counted term of every run is within the tolerance (else the terms outside, and under
+    which sharding where the kind ran several)."""
     lines = ["| kind | sharding | runs | " + " | ".join(SUMMARY_TERMS) + " | verdict |",
              "|---|---|---|" + "---|" * (len(SUMMARY_TERMS) + 1)]
-    for kind, sharding in dict.fromkeys((r["kind"], r["sharding"]) for r in results):
-        runs = [r for r in results if (r["kind"], r["sharding"]) == (kind, sharding)]
-        cells = [worst([row for r in runs for row in r["terms"] if row["term"] == term]) for term in SUMMARY_TERMS]
-        misses = {row["term"] for r in runs for row in r["terms"] if row["verdict"] == "MISS" and row["term"] != "step"}
-        verdict = "every term within" if not misses else "outside: " + ", ".join(t for t in SUMMARY_TERMS if t in misses)
-        lines.append(f"| {kind} | {sharding} | {len(runs)} | " + " | ".join(cells) + f" | {verdict} |")
+    for kind in dict.fromkeys(r["kind"] for r in results):
+        shardings = list(dict.fromkeys(r["sharding"] for r in results if r["kind"] == kind))
+        runs = {s: [r for r in results if (r["kind"], r["sharding"]) == (kind, s)] for s in shardings}
+        cells = [" / ".join(worst([row for r in runs[s] for row in r["terms"] if row["term"] == term])
+                            for s in shardings) for term in SUMMARY_TERMS]
+        misses = [t + (f" ({s})" if len(shardings) > 1 else "") for t in SUMMARY_TERMS for s in shardings
+                  if t != "step" and any(row["term"] == t and row["verdict"] == "MISS"
+                                         for r in runs[s] for row in r["terms"])]
+        verdict = "every term within" if not misses else "outside: " + ", ".join(misses)
+        lines.append(f"| {kind} | {' / '.join(shardings)} | {' / '.join(str(len(runs[s])) for s in shardings)} | "
+                     + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["Each term's worst run per kind and sharding: predicted / measured, the run farthest from 1 among those "
-             "where the term is at least the floor of the step (small: under it in every run; MISS: outside the "
-             "tolerance):", "", summary(results), "",
+    lines = ["Each term's worst run per kind and sharding (a kind's shardings side by side, as the sharding column "
+             "lists them): predicted / measured, the run farthest from 1 among those where the term is at least the "
+             "floor of the step (small: under it in every run; MISS: outside the tolerance):", "", summary(results),
+             "",
              f"Each run's heading gives the share of the machine's cores other processes took while it ran (a run over "
              f"{100 * DISTURBED_SHARE:.0f} % is repeated, up to --retries times, and says so) and the machine's speed "
              f"just before it (probe: {PROBE_MATMULS} products of {PROBE_SIZE}-square matrices on one thread, the "

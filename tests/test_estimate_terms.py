@@ -92,3 +92,18 @@ def test_each_run_heading_gives_the_machines_speed_just_before_it():
             in bench.markdown([run]))
     older = {**run, "probe": {"matmul_ms": 41.2, "handoff_us": 9.6}}
     assert "machine probe: matmul 41 ms, handoff 10 us; laps" in bench.markdown([older])
+
+
+def test_summary_puts_a_kinds_shardings_side_by_side_and_names_where_a_term_is_outside():
+    bench = _bench()
+    runs = [_run("criteo", "table_wise", 1, {"embedding_compute": (1.0, 1.0), "dense": (2.0, 2.1)}),
+            _run("criteo", "row_wise", 1, {"embedding_compute": (1.5, 1.0), "dense": (2.0, 2.5)}),
+            _run("small", "table_wise", 1, {"embedding_compute": (1.0, 1.1), "dense": (2.0, 2.0)})]
+    header, _, criteo, small = bench.summary(runs).splitlines()
+    cells = dict(zip(_cells(header), _cells(criteo)))
+    assert cells["sharding"] == "table_wise / row_wise"
+    assert cells["runs"] == "1 / 1"
+    assert cells["embedding_compute"] == "1.00 / 1.50 MISS"
+    assert cells["dense"] == "0.95 / 0.80"
+    assert cells["verdict"] == "outside: embedding_compute (row_wise)"
+    assert dict(zip(_cells(header), _cells(small)))["verdict"] == "every term within"
