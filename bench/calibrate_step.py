@@ -31,6 +31,7 @@ squares over the runs (and over the ranks, for the per-rank embedding laps), to 
                                                      rate, then exchange_copy_gbs for the host copies around it;
                                                      gather_copy_gbs for the reduce-scatters' and all-gathers')
                                                      + ddp_exchange_wait_us where DDP syncs the dense gradients
+                                                     + exchange_ns_per_bag x the bags the outputs carry
 
     .venv/bin/python bench/calibrate_cpu.py --only step_terms [--out runs.json]
     .venv/bin/python bench/calibrate_step.py [--runs c1_tw,c2_rw] [--out runs.json] [--fit runs.json ...]
@@ -59,6 +60,7 @@ from neocfg.planner.costs import (FP32, TRAIN_FLOPS_PER_FWD, CostModel, ddp_allr
                                   dense_activations, dense_cost, dense_flops_and_params, dense_layers, rider_bytes,
                                   row_lines, scaled_items, zipf_hit_rate)
 from neocfg.sharding import SCHEMES, embedding_collectives, gather_collectives  # noqa: E402
+from neocfg.sharding.collectives import Carries  # noqa: E402
 from neocfg.types import DenseGradSync, IdsExchange  # noqa: E402
 
 DIM = 16
@@ -201,7 +203,7 @@ def features(run: dict) -> dict:
     plan = Plan.from_dict(run["plan"])
     world, b = plan.world_size, cfg.train.batch_size
     ranks = [{"groups": set(), "bags": 0.0, "bag_cols": 0.0, "distinct": 0.0, "spans": [], "bytes": 0.0, "ids": 0.0,
-              "pieces": 0, "out_ms": 0.0, "lookups": []}
+              "pieces": 0, "out_bytes": 0.0, "lookups": []}
              for _ in range(world)]
     for t in cfg.model.tables:
         tp = plan.table(t.name)
@@ -219,7 +221,9 @@ def features(run: dict) -> dict:
             r["lookups"].append((shape.lookup_rows * shape.cols * tp.weights_dtype.bytes, t.num_embeddings, t.alpha))
             r["ids"] += shape.lookup_rows
             r["pieces"] += 1
-            r["out_ms"] += 2 * cost.comm(t, tp.sharding, shape).bwd_comm   # outputs out, gradients back (fp32)
+            # outputs out, gradients back (fp32): twice the gradients' records
+            r["out_bytes"] += 2 * sum(pc.held_bytes for pc in cost.piece_comms(t, tp.sharding, shape)
+                                      if pc.carries is Carries.output_grads)
     flops, params = dense_flops_and_params(cfg.model)
     c = cfg.planner.costs
     sync = plan.strategies.dense_grad_sync
@@ -405,10 +409,11 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
     # a collective inside a step and the exchange's host copies per byte: the output exchange's two collectives
     # (forward outputs, backward gradients: comm_fwd + comm_bwd per rank, less their kernels as priced) fitted to its
     # all-to-alls and its reduce-scatters and all-gathers (each kind a latency of its own) + their bytes, each kind's
-    # at a rate of its own (the bytes the cost model prices, recovered from its time at its rate per byte, and the
-    # dense gradients riding in the backward all-to-all where the plan folds them; a calibration run's tables are all
-    # of one kind) + the exchange's wait behind DDP's first bucket where DDP syncs them; runs whose all-to-all travels behind the bottom MLP (their laps hold only what it leaves exposed)
-    # are left out, unless the preset's bottom MLP hides none of it
+    # at a rate of its own (the bytes of the records the cost model prices, and the dense gradients riding in the
+    # backward all-to-all where the plan folds them; a calibration run's tables are all of one kind) + the exchange's
+    # wait behind DDP's first bucket where DDP syncs them + a cost per bag the outputs carry (the rank's pieces'
+    # bags); runs whose all-to-all travels behind the bottom MLP (their laps hold only what it leaves exposed) are
+    # left out, unless the preset's bottom MLP hides none of it
     rows, ys, names = [], [], []
     for r in runs:
         f = feats[r["name"]]
@@ -417,18 +422,20 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
         for rank, laps in zip(f["ranks"], r["per_rank"]):
             if rank["pieces"]:
                 gathered = f["gather_collectives"] > 0
-                moved = rank["out_ms"] / f["gather_ms_per_byte" if gathered else "exchange_ms_per_byte"]
+                moved = rank["out_bytes"]
                 rows.append([f["a2a_collectives"], f["gather_collectives"],
                              (0.0 if gathered else moved) + f["riders"], moved if gathered else 0.0,
-                             f["ddp_waits"]])
+                             f["ddp_waits"], rank["bags"]])
                 ys.append(laps["comm_fwd"] + laps["comm_bwd"] - f["exchange_kernels_ms"])
                 names.append(r["name"])
-    alpha, gather, per_byte, per_gathered, ddp_wait = _fit(rows, ys)
+    alpha, gather, per_byte, per_gathered, ddp_wait, per_bag = _fit(rows, ys)
     for n, x, y in zip(names, rows, ys):
-        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2] + per_gathered * x[3] + ddp_wait * x[4])
+        check("exchange", n, y, alpha * x[0] + gather * x[1] + per_byte * x[2] + per_gathered * x[3] + ddp_wait * x[4]
+              + per_bag * x[5])
     out["collective_latency_us"] = alpha * 1e3
     out["reduce_scatter_latency_us"] = gather * 1e3
     out["ddp_exchange_wait_us"] = ddp_wait * 1e3
+    out["device.exchange_ns_per_bag"] = per_bag * 1e6
     copy = per_byte - any_f["link_ms_per_byte"]
     out["device.exchange_copy_gbs"] = 1 / copy / 1e6 if copy > 0 else None
     copy = per_gathered - any_f["gather_link_ms_per_byte"]

@@ -499,6 +499,24 @@ def test_gather_copy_per_byte(table):
     assert perf.fwd_comm == approx((IDS_WHOLE + 800 * 16 * 4) * (A2A + copy))
 
 
+def test_exchange_cost_per_bag_of_outputs(table):
+    """exchange_ns_per_bag: half forward, half backward per bag a piece's outputs carry (a row-wise piece's partial
+    sums of every sample too); nothing for a replica, whose outputs stay on its rank."""
+    base = CostModel.from_config(round_cfg(TABLE, "train.pipeline=false"))
+    cost = CostModel.from_config(round_cfg(TABLE, "train.pipeline=false", "hardware.device.exchange_ns_per_bag=50"))
+    for sharding, bags in ((ShardingType.table_wise, 800), (ShardingType.row_wise, 800),
+                           (ShardingType.data_parallel, 0)):
+        with_bags, _ = cost.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        without, _ = base.piece(table, sharding, MemoryTier.hbm, WeightsDtype.fp32, 1)
+        assert with_bags.fwd_comm == approx(without.fwd_comm + bags * 50e-6 / 2), sharding
+        assert with_bags.bwd_comm == approx(without.bwd_comm + bags * 50e-6 / 2), sharding
+        assert with_bags.compute == approx(without.compute)
+    two = cost.shape(table, ShardingType.column_wise, 2)   # each slice's outputs: every sample's bag, half its columns
+    slice_cost, _ = cost.piece(table, ShardingType.column_wise, MemoryTier.hbm, WeightsDtype.fp32, 2)
+    slice_base, _ = base.piece(table, ShardingType.column_wise, MemoryTier.hbm, WeightsDtype.fp32, 2)
+    assert slice_cost.comm == approx(slice_base.comm + two.output_samples * 50e-6)
+
+
 def test_tbe_cost_per_bag(table):
     """tbe_ns_per_bag: forward + backward per bag (output sample) a piece pools, split as the bytes are (1 : 2)."""
     base = CostModel.from_config(round_cfg(TABLE))

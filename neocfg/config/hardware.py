@@ -90,6 +90,10 @@ class DeviceConfig:
     # The same for each byte of the exchange's reduce-scatters and all-gathers (row-wise outputs' partial sums and
     # their gradients: the host also sums what it receives), GB/s; unset: exchange_copy_gbs. cpu_local: measured.
     gather_copy_gbs: Optional[float] = None
+    # ... and the exchange's host time per bag (one sample's pooled value of one table) its outputs carry, forward +
+    # backward, nanoseconds, beside their bytes: the outputs travel as one segment per bag, and narrow segments cost
+    # more per byte than wide ones; 0: not charged (the GPU presets). cpu_local: measured.
+    exchange_ns_per_bag: float = 0.0
     # Fraction of peak_tflops the dense MLPs reach in training on this device; unset: planner.costs.dense_mfu (a
     # GPU's model FLOPs utilization). A CPU rank's marginal GEMM rate is its peak once kernel_overhead_us is apart.
     dense_mfu: Optional[float] = None
@@ -128,6 +132,7 @@ class DeviceConfig:
             checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
         if self.gather_copy_gbs is not None:
             checks.positive(f"{key}.gather_copy_gbs", self.gather_copy_gbs)
+        checks.non_negative(f"{key}.exchange_ns_per_bag", self.exchange_ns_per_bag)
         if self.dense_mfu is not None:
             checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)
 

@@ -297,6 +297,7 @@ class CostModel:
     table_reach_bytes: float = 0.0
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     gather_copy_ms_per_byte: float = 0.0    # ... of its reduce-scatters and all-gathers (the sums included)
+    exchange_ms_per_bag: float = 0.0     # ... and per bag of the outputs, forward + backward (each segment apart)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
     # The processor cache of a CPU rank (hardware.device.cache_mib): the fraction of every table's hottest rows it
     # holds (cache_fraction) and the rate of the lookups it serves; 0: none (GPUs).
@@ -346,6 +347,7 @@ class CostModel:
             tbe_ms_per_far_line=hw.device.tbe_ns_per_far_line / 1e6, table_reach_bytes=hw.device.table_reach_mib * 2**20,
             exchange_copy_ms_per_byte=_copy_ms_per_byte(hw.device.exchange_copy_gbs),
             gather_copy_ms_per_byte=_copy_ms_per_byte(hw.device.gather_copy_gbs or hw.device.exchange_copy_gbs),
+            exchange_ms_per_bag=hw.device.exchange_ns_per_bag / 1e6,
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
             cache_fraction=cache_fraction(cfg),
             cache_ms_per_byte=(MS / (hw.device.cache_bandwidth_gbs * GB * c.hbm_efficiency)
@@ -540,9 +542,20 @@ class CostModel:
         piece_comms, the list the runtime issues), each priced at its bytes on the holder's link, plus the router's
         passes over the ids the piece receives (none for a replica, which looks up its own samples)."""
         perf = Perf(fwd_comm=self.routed_ms(sharding, shape))
-        for pc in self.piece_comms(table, sharding, shape):
+        records = self.piece_comms(table, sharding, shape)
+        for pc in records:
             perf = perf + self.price(pc)
-        return perf
+        return perf + self.bag_copies_ms(records, shape)
+
+    def bag_copies_ms(self, records: tuple[PieceComm, ...], shape: PieceShape) -> Perf:
+        """The exchange's host work per bag whose pooled value the piece's outputs carry, beyond their bytes
+        (exchange_ms_per_bag: half forward where the outputs travel, half backward where their gradients do)."""
+        if self.exchange_ms_per_bag <= 0:
+            return Perf()
+        half = shape.output_samples * self.exchange_ms_per_bag / 2
+        carried = {pc.carries for pc in records}
+        return Perf(fwd_comm=half if Carries.outputs in carried else 0.0,
+                    bwd_comm=half if Carries.output_grads in carried else 0.0)
 
     def ids_ms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> float:
         """The part of comm() that is the piece's ids on the wire (the id payload's records)."""
