@@ -137,8 +137,9 @@ def _ddp_bounds(cfg, ddp):
 
 
 def _priced(cfg, cost, plan, rank):
-    """What the planner charges the rank: CostModel.comm of every piece it holds (less the router's host passes, not
-    a collective) and the fixed per-step collectives term of the plan's sharding types."""
+    """What the planner charges the rank: CostModel.comm of every piece it holds (less the router's host passes and
+    the exchange's host work per bag, not collectives) and the fixed per-step collectives term of the plan's sharding
+    types."""
     tables = {t.name: t for t in cfg.model.tables}
     total = 0.0
     kinds = set()
@@ -151,7 +152,8 @@ def _priced(cfg, cost, plan, rank):
                 continue
             assert (shape.rows, shape.cols) == (s.num_rows, s.num_cols), (t.name, t.sharding, shape, s)
             perf = cost.comm(table, t.sharding, shape)
-            total += perf.fwd_comm + perf.bwd_comm - cost.routed_ms(t.sharding, shape)
+            bags = cost.bag_copies_ms(cost.piece_comms(table, t.sharding, shape), shape)
+            total += perf.fwd_comm + perf.bwd_comm - cost.routed_ms(t.sharding, shape) - bags.total
     return total + cost.collectives_latency_ms(kinds)
 
 
