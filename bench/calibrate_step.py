@@ -119,8 +119,8 @@ def _runs() -> dict[str, CalRun]:
     big64 = _model("cal_big64", 8, 1_000_000, 2, [64, 64], [64, 1], alpha=1.1, dim=64)
     # the same rows drawn uniformly: nearly every id a distinct far row (its first fetch: four 64-byte lines)
     big64u = {**big64, "name": "cal_big64u", "tables": [{**t, "zipf_alpha": 0.0} for t in big64["tables"]]}
-    # many distinct wide rows: 60 uniform tables of 300k rows x dim 32 at pooling 8 (the estimate's unseen_mixed
-    # reads its compute a third low where its dim-32 tables are)
+    # many distinct wide rows: 60 uniform tables of 300k rows x dim 32 at pooling 8 (priced per far row whatever its
+    # width, uniform dim-32 rows read their compute a third low)
     wide32u = _model("cal_wide32u", 60, 300_000, 8, [64, 32], [64, 1], "dcn", dim=32, dcn_low_rank_dim=16,
                      dcn_num_layers=1)
     # pooling spread over the tables, heavy-tailed (most bags short, most ids in a few long ones), skewed ids
@@ -308,7 +308,7 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
             if best is None or err < best[0]:
                 best = (err, mib, reach, coef, rows, ys, names)
     _, mib, reach, coef, rows, ys, names = best
-    g, bag, bag_col, per_row, per_far_row, cached, byte = coef
+    g, bag, bag_col, per_row, per_far_line, cached, byte = coef
     for n, x, y in zip(names, rows, ys):
         check("compute", n, y, float(np.dot(coef, x)))
 
@@ -317,7 +317,8 @@ def fit(runs: list[dict], passes: float | None = None, exponent: float | None = 
 
     out = {"device.tbe_us_per_group": g * 1e3, "device.tbe_ns_per_bag": bag * 1e6,
            "device.tbe_ns_per_bag_column": bag_col * 1e6, "device.tbe_ns_per_row": per_row * 1e6,
-           "device.tbe_ns_per_far_line": per_far_row * 1e6, "device.table_reach_mib": reach if per_far_row > 0 else 0.0,
+           "device.tbe_ns_per_far_line": per_far_line * 1e6,
+           "device.table_reach_mib": reach if per_far_line > 0 else 0.0,
            "device.hbm_bandwidth_gbs": preset_gbs(byte) if byte > 0 else None,
            "device.cache_mib": mib if cached > 0 else 0.0,
            "device.cache_bandwidth_gbs": preset_gbs(cached) if cached > 0 else None}

@@ -17,7 +17,9 @@ Comm     the records a piece adds to the step's collectives (its Scheme's piece_
          (fraction within the node / intra bandwidth + fraction across nodes / inter bandwidth); cross-node
          all-to-all over the inter-node link; reduce-scatter / all-gather / all-reduce hierarchically (within the
          node, then 1/P of the data across nodes). All divided by `comm_efficiency`. Ids travel in the id dtype the
-         plan's strategies will choose (planned_id_dtype), with their lengths (or bag codes).
+         plan's strategies will choose (planned_id_dtype), with their lengths (or bag codes). The exchange's host
+         copies cost hardware.device.exchange_copy_gbs per byte (gather_copy_gbs for its reduce-scatters and
+         all-gathers) and exchange_ns_per_bag per bag a piece's outputs carry (`bag_copies_ms`).
 Overhead fixed costs the byte and FLOP terms miss, which dominate small models and CPU ranks: every collective
          costs hardware.collective_latency_us (alpha) on top of its bytes (beta), the exchange's reduce-scatters and
          all-gathers hardware.reduce_scatter_latency_us where given; every kernel (op) costs
@@ -292,8 +294,7 @@ class CostModel:
     tbe_ms_per_bag: float = 0.0          # ... per bag it walks (one sample's ids of one table), forward + backward
     tbe_ms_per_bag_column: float = 0.0   # ... per column of each bag (its pooled value and that value's gradient)
     tbe_ms_per_row: float = 0.0          # ... per distinct row its ids address (fetched and updated once)
-    tbe_ms_per_far_line: float = 0.0     # ... more per cache line of such a row of a piece spanning beyond
-    #                                      table_reach_bytes
+    tbe_ms_per_far_line: float = 0.0     # ... more per cache line of such a row, beyond table_reach_bytes
     table_reach_bytes: float = 0.0
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     gather_copy_ms_per_byte: float = 0.0    # ... of its reduce-scatters and all-gathers (the sums included)
@@ -540,7 +541,8 @@ class CostModel:
     def comm(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> Perf:
         """Ids in, outputs out, gradients back: the collectives the piece adds to the step (its Scheme's
         piece_comms, the list the runtime issues), each priced at its bytes on the holder's link, plus the router's
-        passes over the ids the piece receives (none for a replica, which looks up its own samples)."""
+        passes over the ids the piece receives (none for a replica, which looks up its own samples) and the
+        exchange's host work per bag of its outputs (`bag_copies_ms`)."""
         perf = Perf(fwd_comm=self.routed_ms(sharding, shape))
         records = self.piece_comms(table, sharding, shape)
         for pc in records:
