@@ -123,6 +123,9 @@ class StepStrategies:
     # the pooled outputs' all-to-all travels while the bottom MLP runs, its gradients' while its backward runs (a
     # plan file without the key: waited for at once)
     output_overlap: bool = False
+    # the data source's prefetch thread runs at idle priority (SCHED_IDLE: in the rank's waits; a plan file without
+    # the key: the default class)
+    prefetch_idle: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
@@ -133,13 +136,15 @@ class StepStrategies:
                               dense_grad_sync=DenseGradSync(d["dense_grad_sync"]), id_dtype=IdDtype(d["id_dtype"]),
                               routing_encoding=RoutingEncoding(d["routing_encoding"]),
                               id_weights=bool(d.get("id_weights", False)),
-                              output_overlap=bool(d.get("output_overlap", False)))
+                              output_overlap=bool(d.get("output_overlap", False)),
+                              prefetch_idle=bool(d.get("prefetch_idle", False)))
 
     def describe(self) -> str:
         return (f"pipeline {'on' if self.pipeline else 'off'}, ids exchanged in the {self.ids_exchange.value},"
                 f" dense gradients by {self.dense_grad_sync.value}, ids {self.id_dtype.value},"
                 f" row-sharded ids as {self.routing_encoding.value}" + (", per-id weights" if self.id_weights else "")
-                + f", outputs' all-to-all {'overlapping the bottom MLP' if self.output_overlap else 'waited for at once'}")
+                + f", outputs' all-to-all {'overlapping the bottom MLP' if self.output_overlap else 'waited for at once'}"
+                + (", prefetch thread at idle priority" if self.prefetch_idle else ""))
 
 
 @dataclass(frozen=True)

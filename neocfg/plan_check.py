@@ -108,8 +108,9 @@ def _check_strategies(c: _Checker, st: Any) -> None:
         raise c.fail("strategies", f"expected an object, got {type(st).__name__}")
     if not isinstance(st.get("pipeline"), bool):
         raise c.fail("strategies", f"pipeline={st.get('pipeline')!r} must be true or false")
-    if not isinstance(st.get("output_overlap", False), bool):
-        raise c.fail("strategies", f"output_overlap={st.get('output_overlap')!r} must be true or false")
+    for key in ("output_overlap", "prefetch_idle"):
+        if not isinstance(st.get(key, False), bool):
+            raise c.fail("strategies", f"{key}={st.get(key)!r} must be true or false")
     for key, enum in (("ids_exchange", IdsExchange), ("dense_grad_sync", DenseGradSync), ("id_dtype", IdDtype),
                       ("routing_encoding", RoutingEncoding)):
         allowed = [m.value for m in enum if m.value != "auto"]

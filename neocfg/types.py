@@ -110,6 +110,18 @@ class OutputOverlap(Enum):
     wait = "wait"
 
 
+class PrefetchPriority(Enum):
+    """The scheduling class of the data source's prefetch thread (StepStrategies.prefetch_idle). idle: Linux's
+    SCHED_IDLE, so the thread runs when the rank's main thread waits (on a collective, on the next batch) instead of
+    taking turns with its compute; normal: the default class; auto: normal for now (the estimate does not price the
+    idle thread's runs inside the step's waits; see neocfg.planner.strategies), resolved by the planner into
+    plan.json's strategies."""
+
+    auto = "auto"
+    normal = "normal"
+    idle = "idle"
+
+
 class IdDtype(Enum):
     """The integer type the ids, lengths and bag codes travel and are looked up in (StepStrategies.id_dtype)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import pytest
 
@@ -76,6 +77,32 @@ def test_output_overlap_resolves_where_it_can_run():
         st(S.row_wise, "train.dense_grad_sync=ddp", "train.output_overlap=overlap")
 
 
+def test_prefetch_priority_is_idle_only_where_pinned():
+    """The prefetch thread at idle priority where train.prefetch_priority pins idle, on any placement and device;
+    auto and normal keep the default class; a source without the thread (a dataset) has nothing to set."""
+
+    def idle(sharding, *over, world=2):
+        cfg = compose_cfg(["train.batch_size=16", *over])
+        return resolve(cfg, rule_plan(cfg.model, world=world, devices_per_node=min(world, 8), batch_size=16,
+                                      sharding=sharding or {t.name: s for t, s in zip(cfg.model.tables, MIX)}
+                                      )).prefetch_idle
+
+    assert idle(S.table_wise) is False and idle(None) is False      # auto
+    assert idle(S.table_wise, "train.prefetch_priority=normal") is False
+    assert idle(S.table_wise, "train.prefetch_priority=idle") is True
+    assert idle(None, "train.prefetch_priority=idle") is True       # ids exchanged in the thread too
+    assert idle(S.table_wise, "hardware=zionex_1node", "train.prefetch_priority=idle", world=8) is True
+    assert idle(S.table_wise, "dsi=parquet_local", "train.prefetch_priority=idle") is False   # no such thread
+
+
+def test_an_unknown_prefetch_priority_is_a_one_line_error(cli, tmp_path):
+    r = cli("mode=plan", "train.prefetch_priority=fast", f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert "train.prefetch_priority" in line and "fast" in line and "idle" in line and "normal" in line
+    assert not (tmp_path / "run" / "plan.json").exists()
+
+
 @pytest.mark.parametrize("efficiency", ["0.01", "0.5"])
 def test_a_placed_plan_overlaps_exactly_where_the_rule_says(efficiency):
     """The planner resolves a placed plan's overlap from the cost model and placements it holds; that answer is the
@@ -108,9 +135,22 @@ def test_a_plan_file_without_output_overlap_waits(tmp_path):
         load_plan_file(path, cfg.model, 2)
 
 
+def test_a_plan_file_without_prefetch_idle_runs_the_thread_at_normal_priority(tmp_path):
+    cfg = compose_cfg(["train.batch_size=16", "train.prefetch_priority=idle"])
+    d = with_strategies(cfg, _plan(cfg, S.table_wise)).to_dict()
+    assert d["strategies"].pop("prefetch_idle") is True
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    assert load_plan_file(path, cfg.model, 2).strategies.prefetch_idle is False
+    d["strategies"]["prefetch_idle"] = 1
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"strategies: prefetch_idle=1 must be true or false"):
+        load_plan_file(path, cfg.model, 2)
+
+
 def test_mode_plan_writes_and_prints_them(cli, tmp_path):
     r = cli("mode=plan", "model=dlrm_tiny", "hardware=cpu_local", "train.pipeline=false", "train.ids_exchange=step",
-            f"hydra.run.dir={tmp_path / 'run'}")
+            "train.prefetch_priority=idle", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr
     plan = json.loads((tmp_path / "run" / "plan.json").read_text())
     assert plan["strategies"]["pipeline"] is False and plan["strategies"]["ids_exchange"] == "step"
@@ -118,6 +158,7 @@ def test_mode_plan_writes_and_prints_them(cli, tmp_path):
     line = next(x for x in r.stdout.splitlines() if x.startswith("step: "))
     assert "pipeline off" in line and "ids exchanged in the step" in line
     assert "outputs' all-to-all waited for at once" in line       # dlrm_tiny's dense gradients ride in it
+    assert plan["strategies"]["prefetch_idle"] is True and line.endswith("prefetch thread at idle priority")
 
 
 def test_plan_file_strategies_are_checked(tmp_path):
@@ -137,10 +178,13 @@ def _what_ran(env, cfg, plan):
     from neocfg.runtime.train import Trainer
 
     trainer = Trainer(cfg, plan, None, env.device)
+    pool = getattr(trainer.source, "pool", None)     # the prefetch thread's scheduling class
+    policy = pool.submit(os.sched_getscheduler, 0).result() if pool is not None else None
     id_all_to_alls = train_counting_id_all_to_alls(trainer)
     router = trainer.emb.router
     return {"encoding": router.encoding, "dtype": str(router.dtype), "ids_ahead": trainer.ids_ahead,
-            "ddp": isinstance(trainer.model, DistributedDataParallel), "id_all_to_alls": id_all_to_alls}
+            "ddp": isinstance(trainer.model, DistributedDataParallel), "id_all_to_alls": id_all_to_alls,
+            "idle": policy == os.SCHED_IDLE}
 
 
 def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
@@ -154,7 +198,8 @@ def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
     plan = _plan(cfg)
     auto = resolve(cfg, plan)
     pinned = StepStrategies(pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp,
-                            id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes, output_overlap=True)
+                            id_dtype=IdDtype.int64, routing_encoding=RoutingEncoding.codes, output_overlap=True,
+                            prefetch_idle=True)
     assert all(getattr(pinned, f.name) != getattr(auto, f.name) for f in dataclasses.fields(StepStrategies)
                if f.name not in ("pipeline", "id_weights"))   # (no dataset here: no weights to pin)
     path = tmp_path / "plan.json"
@@ -166,7 +211,7 @@ def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
     ran = launch(_what_ran, (cfg, given), world=2, backend=Backend.gloo, timeout_s=120)
     for r in ran:
         assert r["encoding"] is RoutingEncoding.codes and r["dtype"] == "torch.int64"
-        assert not r["ids_ahead"] and r["ddp"]
+        assert not r["ids_ahead"] and r["ddp"] and r["idle"]
         assert r["id_all_to_alls"] == steps + 1      # pipelined: the first batch's counts, then one per step
     # ... and the same plan without its section runs what the config resolves to
     bare = load_or_make_plan(dataclasses.replace(cfg, planner=dataclasses.replace(
@@ -175,6 +220,7 @@ def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
     for r in ran:
         assert r["encoding"] is RoutingEncoding.lengths and r["dtype"] == "torch.int32"
         assert r["ids_ahead"] and not r["ddp"] and r["id_all_to_alls"] == 0   # exchanged in the prefetch thread
+        assert not r["idle"]                                        # ... which keeps the normal class
 
 
 def _save(tmp_path, plan: Plan):

@@ -348,3 +348,21 @@ def test_bag_sums_added_block_by_block_equal_the_whole_arrays(block):
     whole = _BlockBagSums(lengths)
     whole.add(0, values)
     np.testing.assert_allclose(bags.sums(), whole.sums(), rtol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling classes")
+def test_an_idle_prefetch_thread_runs_in_sched_idle_and_hands_out_the_same_batches():
+    """Prefetcher(idle=True) (the plan's prefetch_idle) puts its thread in SCHED_IDLE, and only there: the default
+    keeps the thread in the normal class; the batches are the same either way."""
+    import os
+
+    got = {}
+    for idle in (False, True):
+        src = Prefetcher(_source(), idle=idle)
+        policy = src.pool.submit(os.sched_getscheduler, 0).result()
+        got[idle] = (policy, [src.next_batch().values.numpy().copy() for _ in range(3)])
+        src.close()
+    assert got[True][0] == os.SCHED_IDLE and got[False][0] == os.SCHED_OTHER
+    for a, b in zip(got[True][1], got[False][1]):
+        np.testing.assert_array_equal(a, b)
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER      # the caller's thread is left as it was

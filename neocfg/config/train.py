@@ -7,7 +7,8 @@ from typing import Optional
 
 from neocfg.config import checks
 from neocfg.errors import ConfigError
-from neocfg.types import DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, OutputOverlap, SparseOptimizer
+from neocfg.types import (DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, OutputOverlap, PrefetchPriority,
+                          SparseOptimizer)
 
 
 @dataclass
@@ -31,6 +32,10 @@ class TrainConfig:
     # thread while the steps before it run (the step then neither routes nor waits for ids, so `pipeline` has
     # nothing left to do); auto: prefetch when some table is row-sharded. The same losses and weights either way.
     ids_exchange: IdsExchange = IdsExchange.auto
+    # The data source's prefetch thread at idle priority (it runs in the rank's waits rather than beside its
+    # compute: faster whole runs on CPU ranks, not yet priced by the estimate), normal, or auto (normal for now; see
+    # neocfg.types.PrefetchPriority).
+    prefetch_priority: PrefetchPriority = PrefetchPriority.auto
     # How the dense gradients are averaged over ranks: ddp (DDP's all-reduce), exchange (they ride in the
     # embeddings' backward all-to-all: one collective fewer per step), auto (exchange while world x dense bytes is
     # small, see neocfg.types.DenseGradSync).

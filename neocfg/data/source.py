@@ -6,8 +6,10 @@ checkpoint and resume from it, and counts the time the trainer waited on it (the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
@@ -105,11 +107,14 @@ class Prefetcher:
     out was produced (so a resume neither skips nor repeats the prefetched batch); stats() counts as data wait only
     the time next_batch() blocked on the thread. Pre-generated batches (SyntheticSource.pregenerated) with nothing
     to prepare are handed out in the caller's thread: there is nothing to overlap.
+    idle: the thread runs in Linux's SCHED_IDLE class (the plan's StepStrategies.prefetch_idle): only when nothing
+    else wants its core, so on a CPU rank it fills the main thread's waits instead of taking turns with its compute.
     """
 
-    def __init__(self, inner: BatchSource, pin_memory: bool = False) -> None:
+    def __init__(self, inner: BatchSource, pin_memory: bool = False, idle: bool = False) -> None:
         self.inner, self.pin_memory = inner, pin_memory
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neocfg-prefetch")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="neocfg-prefetch",
+                                       initializer=_idle_thread if idle else None)
         self.pending: Optional[Future] = None
         self.delivered_state = inner.state_dict()
         self.wait_s = 0.0
@@ -184,19 +189,29 @@ class Prefetcher:
         self.inner.close()
 
 
+def _idle_thread() -> None:
+    """The calling thread into SCHED_IDLE (on Linux a thread is scheduled on its own: pid 0 is this thread);
+    where the platform has no such class, a warning, and the thread stays in the default one."""
+    if not hasattr(os, "SCHED_IDLE"):
+        warnings.warn("train.prefetch_priority: this platform has no SCHED_IDLE; the prefetch thread keeps the default "
+                      "priority", RuntimeWarning, stacklevel=2)
+        return
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 # Held-out samples start here, far past any training range, so evaluation never sees a training sample.
 EVAL_FIRST_SAMPLE = 1 << 40
 
 
 def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = False,
                 sizing: Optional["PlannedDpp"] = None, share: Optional[Callable[[Any], Any]] = None,
-                pin_memory: bool = False) -> BatchSource:
+                pin_memory: bool = False, prefetch_idle: bool = False) -> BatchSource:
     """The batch source for one trainer rank, chosen by cfg.dsi.source.
 
     dsi.source=parquet: DPP services (neocfg/data/dpp_source.py); `sizing` is the planner's DPP sizing for
     dsi.workers=auto, handed over by the runtime (PlannedDpp.from_plan); `share` gives rank 0's value to every rank
     (a broadcast; the Ray backend shares its cluster address with it). pin_memory: synthetic batches are pinned in
-    the prefetch thread (for non_blocking copies to a GPU).
+    the prefetch thread (for non_blocking copies to a GPU); prefetch_idle: that thread at idle priority (Prefetcher).
     """
     if cfg.dsi.source is DataSource.parquet:
         from neocfg.data.dpp_source import make_dpp_source
@@ -212,4 +227,4 @@ def make_source(cfg: NeocfgConfig, rank: int, world_size: int, *, eval: bool = F
     inner = SyntheticSource(data, rank, world_size, b, first_sample=first, num_samples=epoch,
                             cycle=0 if eval else d.cycle_batches,   # held-out samples are never cycled
                             pin_memory=pin_memory)
-    return Prefetcher(inner, pin_memory=pin_memory)
+    return Prefetcher(inner, pin_memory=pin_memory, idle=prefetch_idle)

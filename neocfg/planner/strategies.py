@@ -14,6 +14,14 @@ runtime runs and the plan says. Every `auto` is decided here, by the rules below
                     then waits for the whole dense backward) and some pooled output coming back by all-to-all; on
                     CPU devices auto also needs the bottom MLP to cover the exchange (neocfg.planner.hiding's
                     bottom_covers: its copies run on the ranks' own cores, and what it cannot cover slows the step).
+  prefetch_idle     the data source's prefetch thread at idle priority (SCHED_IDLE) where train.prefetch_priority
+                    pins idle and the source has the thread; auto keeps the normal class: the estimate does not yet
+                    price what an idle thread runs inside the step's waits (its CPU time leaves the comm laps, which
+                    then read up to ~20 % below their price on generation-heavy table-wise models). Measured (2-core
+                    Intel Xeon, whole runs, default stream, table-wise, interleaved against normal): tiny8 Zipf
+                    128-131k against 108-117k samples/s, criteo Zipf 35.0-36.8k against 35.1-35.6k, the 856-table
+                    model 1,810-1,904 against 1,793-1,816; row-wise tiny8 (ids exchanged in the thread) 78-84k
+                    against 77-83k with data_wait 1.2-1.4 ms against 0.1.
   id_dtype          int32 when every table's rows and every bag code (features of a rank x world x batch) fit.
   routing_encoding  lengths while the length entries per sample (row ranges x row-sharded tables) are at most
                     LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample, else codes.
@@ -31,7 +39,8 @@ from neocfg.plan import Plan, StepStrategies
 from neocfg.sharding import SCHEMES, OutputKind, Routing
 from neocfg.sharding import has_all_to_all as tables_have_all_to_all
 from neocfg.sharding.collectives import ID32_LIMIT, LENGTH_ENTRIES_PER_ID, Collective, encoding_for, step_collectives
-from neocfg.types import DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, RoutingEncoding
+from neocfg.types import (DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, PrefetchPriority,
+                          RoutingEncoding)
 
 # DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
 # it (world x the dense parameters' bytes) is at most this. Measured (bench_vs_torchrec, 2 gloo ranks, one thread):
@@ -85,6 +94,11 @@ def output_overlap(mode: OutputOverlap, sync: DenseGradSync, all_to_all: bool) -
     return all_to_all and sync is DenseGradSync.ddp
 
 
+def prefetch_idle(mode: PrefetchPriority, source_prefetches: bool) -> bool:
+    """Whether the data source's prefetch thread runs at idle priority (a source without it has nothing to set)."""
+    return source_prefetches and mode is PrefetchPriority.idle
+
+
 def id_dtype(plan: Plan, batch_size: int) -> IdDtype:
     """int32 when every table's rows and every bag code (a rank's looked-up features x world x batch) fit."""
     features = Counter(s.rank for t in plan.tables if SCHEMES[t.sharding].kind is not OutputKind.replicated
@@ -133,7 +147,8 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
     return StepStrategies(
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange, dense_grad_sync=sync,
         id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
-        id_weights=id_weights(cfg), output_overlap=overlap)
+        id_weights=id_weights(cfg), output_overlap=overlap,
+        prefetch_idle=prefetch_idle(tc.prefetch_priority, source_prefetches))
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:

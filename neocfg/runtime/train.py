@@ -130,7 +130,7 @@ class Trainer:
         self.opt = make_dense_optimizer(self.dense.parameters(), tc.dense_optimizer, tc.dense_learning_rate)
         self.source = source or make_source(cfg, self.rank, self.world,
                                             sizing=PlannedDpp.from_plan(plan.dpp, cfg.dsi), share=self._share,
-                                            pin_memory=device.type == "cuda")
+                                            pin_memory=device.type == "cuda", prefetch_idle=st.prefetch_idle)
         helper = getattr(self.source, "thread_ident", None)
         if helper is not None and device.type == "cpu":   # its CPU time is the step's prefetch lap
             self.sw.watch_helper(helper())
