@@ -14,7 +14,9 @@ from neocfg.types import DensePrecision, Interaction
 # oneDNN's fp32 matmul with the bias and an activation fused (torch's CPU build ships it; torch.compile's CPU code
 # calls it). Measured on this project's 2-core AMD EPYC (Zen 5, AVX-512), one thread, criteo's MLP shapes at batch
 # 512: ~200 GFLOP/s, where torch's default CPU GEMM (MKL sgemm, what nn.Linear and torch.mm call) runs ~90 GFLOP/s
-# (MKL takes its AVX2 path on AMD CPUs); see README "Against TorchRec". Absent on builds without oneDNN.
+# (MKL takes its AVX2 path on AMD CPUs); see README "Against TorchRec". On the 2-core Intel Xeon (AVX-512) box the
+# two are equal: criteo_tb's top-MLP GEMMs at batch 512, one thread, 156-159 GFLOP/s in oneDNN and 162-168 in MKL
+# (no dense lead over TorchRec's nn.Linear there at fp32). Absent on builds without oneDNN.
 _ONEDNN_LINEAR = (torch.ops.mkldnn._linear_pointwise
                   if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") else None)
 # ... but each oneDNN call costs ~30-40 us more than MKL's, so small layers stay with torch: forward + backward at
