@@ -17,7 +17,7 @@ runtime runs and the plan says. Every `auto` is decided here, by the rules below
   prefetch_idle     the data source's prefetch thread at idle priority (SCHED_IDLE) where train.prefetch_priority
                     pins idle and the source has the thread; auto keeps the normal class: the estimate does not yet
                     price what an idle thread runs inside the step's waits (its CPU time leaves the comm laps, which
-                    then read up to ~20 % below their price on generation-heavy table-wise models). Measured (2-core
+                    then read up to ~25 % below their price on generation-heavy table-wise models). Measured (2-core
                     Intel Xeon, whole runs, default stream, table-wise, interleaved against normal): tiny8 Zipf
                     128-131k against 108-117k samples/s, criteo Zipf 35.0-36.8k against 35.1-35.6k, the 856-table
                     model 1,810-1,904 against 1,793-1,816; row-wise tiny8 (ids exchanged in the thread) 78-84k
