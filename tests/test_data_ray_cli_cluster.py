@@ -216,12 +216,17 @@ def test_a_killed_worker_node_loses_no_sample_and_duplicates_none(cluster, datas
     want = labeled_ids(dataset)
     epochs = sorted(set(pairs[:, 0].tolist()))
     assert epochs == list(range(len(epochs))) and len(epochs) >= 4, epochs
+    m = json.loads(sorted((tmp_path / "run" / "outputs").rglob("metrics.json"))[-1].read_text())
+    # (said with a failure: how the run went around the kill)
+    story = (f"{len(epochs)} epochs, {m['dpp']['worker_restarts']} worker restarts, "
+             f"{m['data']['dpp.splits_reread']} splits re-read, stall {m['data_stall_fraction']:.1%}")
     for e in epochs:
         ids, counts = np.unique(pairs[pairs[:, 0] == e, 1], return_counts=True)
-        assert counts.max() == 1, f"epoch {e}: {int((counts > 1).sum())} samples delivered twice"
+        assert counts.max() == 1, f"epoch {e}: {int((counts > 1).sum())} samples delivered twice ({story})"
         if e < epochs[-2]:  # the last two epochs may still be under way in a rank's hand
-            assert set(ids.tolist()) == want, f"epoch {e}: {len(want - set(ids.tolist()))} samples lost"
-    m = json.loads(sorted((tmp_path / "run" / "outputs").rglob("metrics.json"))[-1].read_text())
+            lost = sorted(want - set(ids.tolist()))
+            assert set(ids.tolist()) == want, (f"epoch {e}: {len(lost)} samples lost"
+                                               + (f", ids {lost[0]}-{lost[-1]}" if lost else "") + f" ({story})")
     assert m["duplicate_samples"] == 0
     assert m["dpp"]["worker_restarts"] >= 1, m["dpp"]  # the killed node's workers were replaced
     print(f"killed {len(killed)} processes of node {victim}: {m['dpp']['worker_restarts']} worker restarts, "
