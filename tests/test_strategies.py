@@ -220,7 +220,7 @@ def test_the_runtime_runs_a_plan_files_strategies(tmp_path, capsys):
     for r in ran:
         assert r["encoding"] is RoutingEncoding.lengths and r["dtype"] == "torch.int32"
         assert r["ids_ahead"] and not r["ddp"] and r["id_all_to_alls"] == 0   # exchanged in the prefetch thread
-        assert not r["idle"]                                        # ... which keeps the normal class
+        assert not r["idle"]                                        # auto: the normal class
 
 
 def _save(tmp_path, plan: Plan):
