@@ -224,9 +224,10 @@ def test_a_killed_worker_node_loses_no_sample_and_duplicates_none(cluster, datas
         ids, counts = np.unique(pairs[pairs[:, 0] == e, 1], return_counts=True)
         assert counts.max() == 1, f"epoch {e}: {int((counts > 1).sum())} samples delivered twice ({story})"
         if e < epochs[-2]:  # the last two epochs may still be under way in a rank's hand
-            lost = sorted(want - set(ids.tolist()))
-            assert set(ids.tolist()) == want, (f"epoch {e}: {len(lost)} samples lost"
-                                               + (f", ids {lost[0]}-{lost[-1]}" if lost else "") + f" ({story})")
+            got = set(ids.tolist())
+            lost = sorted(want - got)
+            span = f", ids {lost[0]}-{lost[-1]}" if lost else ""
+            assert got == want, f"epoch {e}: {len(lost)} samples lost{span} ({story})"
     assert m["duplicate_samples"] == 0
     assert m["dpp"]["worker_restarts"] >= 1, m["dpp"]  # the killed node's workers were replaced
     print(f"killed {len(killed)} processes of node {victim}: {m['dpp']['worker_restarts']} worker restarts, "

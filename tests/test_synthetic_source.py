@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 
 import numpy as np
@@ -350,12 +351,10 @@ def test_bag_sums_added_block_by_block_equal_the_whole_arrays(block):
     np.testing.assert_allclose(bags.sums(), whole.sums(), rtol=1e-6)
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "SCHED_IDLE"), reason="Linux scheduling classes")
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux scheduling classes")
 def test_an_idle_prefetch_thread_runs_in_sched_idle_and_hands_out_the_same_batches():
     """Prefetcher(idle=True) (the plan's prefetch_idle) puts its thread in SCHED_IDLE, and only there: the default
     keeps the thread in the normal class; the batches are the same either way."""
-    import os
-
     got = {}
     for idle in (False, True):
         src = Prefetcher(_source(), idle=idle)
