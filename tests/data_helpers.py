@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -43,6 +45,14 @@ def setup_for(cfg: NeocfgConfig, **kw) -> ServiceSetup:
                 workers=2, seed=7, num_clients=1, max_epochs=1, limits=limits, on_bad_split=cfg.dsi.on_bad_split)
     args.update(kw)
     return ServiceSetup(**args)
+
+
+def busy_worker(backend: Any, within_s: float = 10.0) -> int:
+    """A worker id of the in-process service `backend` that holds a split, once one does."""
+    deadline = time.monotonic() + within_s
+    while not backend.in_flight and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return next(iter(backend.in_flight))
 
 
 def drain(clients: list[DppClient]) -> list[np.ndarray]:

@@ -26,7 +26,7 @@ from neocfg.data.source import make_source
 from neocfg.data.transforms import bind
 from neocfg.errors import DataError
 from neocfg.types import DppBackendKind, OnBadSplit
-from data_helpers import drain, labeled_ids, make_dataset, setup_for, small_cfg
+from data_helpers import busy_worker, drain, labeled_ids, make_dataset, setup_for, small_cfg
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,10 +79,7 @@ def test_sigkill_worker_mid_epoch_still_exactly_once_and_noticed_fast(dataset):
     with DppService(setup) as svc:
         first = [c.next_arrays().sample_ids for c in svc.clients]
         backend = svc.backend
-        deadline = time.monotonic() + 10
-        while not backend.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
-        wid, task = next(iter(backend.in_flight.items()))
+        wid = busy_worker(backend)
         victim = backend.pool.pid(wid)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)

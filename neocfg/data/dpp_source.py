@@ -124,7 +124,7 @@ class DppSource:
                                "data_stall_fraction": 0.0, "samples_delivered": 0, "duplicate_samples": 0,
                                "skipped_splits": 0, "dpp.workers": 0, "dpp.worker_restarts": 0, "dpp.bytes_read": 0,
                                "dpp.workers_added": 0, "dpp.workers_retired": 0, "dpp.splits_reread": 0,
-                               "dpp.ids_truncated": 0,
+                               "dpp.ids_truncated": 0, "dpp.backups": 0, "dpp.backups_dropped": 0,
                                "dpp.workers_source": self.workers.source.value, "dpp.backend": self.kind.value}
         if self.service is None:
             return out
@@ -140,7 +140,8 @@ class DppSource:
                     "dpp.worker_restarts": s.worker_restarts, "dpp.workers_added": s.workers_added,
                     "dpp.workers_retired": s.workers_retired, "dpp.bytes_read": s.bytes_read,
                     "dpp.splits_reread": s.splits_reread,
-                    "dpp.ids_truncated": s.ids_cut})
+                    "dpp.ids_truncated": s.ids_cut, "dpp.backups": s.backups,
+                    "dpp.backups_dropped": s.backups_dropped})
         return out
 
     def close(self) -> None:

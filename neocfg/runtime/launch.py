@@ -1,8 +1,8 @@
-"""Starting ranks. On cpu_local, neocfg spawns hardware.devices_per_node local processes joined by a gloo group on a
-free localhost port; under torchrun (RANK and WORLD_SIZE in the environment) it joins the launcher's group (NCCL on
-CUDA; gloo where the machine has no CUDA, e.g. a GPU preset's ranks on CPUs), so the same command scales out with
-torch.distributed's own launcher. A GPU rank makes its device current before it creates its process group, and binds
-the group to it (device_id).
+"""Starting ranks. On cpu_local, neocfg spawns hardware.devices_per_node local processes joined by a gloo group
+through a rendezvous store that the launching process holds on a localhost port; under torchrun (RANK and
+WORLD_SIZE in the environment) it joins the launcher's group (NCCL on CUDA; gloo where the machine has no CUDA, e.g.
+a GPU preset's ranks on CPUs), so the same command scales out with torch.distributed's own launcher. A GPU rank
+makes its device current before it creates its process group, and binds the group to it (device_id).
 
 A rank that raises a NeocfgError reports its one-line message (any other exception: its type and message); a rank
 that dies makes the launcher stop the others and fail (exit non-zero) instead of leaving them blocked in a
@@ -70,9 +70,12 @@ def check_single_host(hw: "HardwareConfig") -> None:
                           f"-m neocfg mode=train hardware={hw.name} ...`")
 
 
+LOCALHOST = "127.0.0.1"
+
+
 def free_port() -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((LOCALHOST, 0))
         return s.getsockname()[1]
 
 
@@ -207,7 +210,7 @@ def _report(results: str, rank: int, kind: str, payload: Any) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s: float,
+def _worker(local_rank: int, world: int, store_port: int, backend: Backend, timeout_s: float,
             fn: Callable[..., Any], args: tuple, results: str, parent_pid: int) -> None:
     die_with_parent(parent_pid)
     rank_signals()
@@ -219,8 +222,9 @@ def _worker(local_rank: int, world: int, port: int, backend: Backend, timeout_s:
     tqdm.set_lock(threading.RLock())
     try:
         device = _device(backend, local_rank)
-        init_group(backend, device, timeout_s, init_method=f"tcp://127.0.0.1:{port}", rank=local_rank,
-                   world_size=world)
+        store = dist.TCPStore(LOCALHOST, store_port, is_master=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        init_group(backend, device, timeout_s, store=store, rank=local_rank, world_size=world)
         env = RankEnv(local_rank, world, local_rank, device)
         out = fn(env, *args)
         _report(results, local_rank, "ok", out)
@@ -336,8 +340,11 @@ def launch(fn: Callable[..., Any], args: tuple, *, world: int, backend: Backend,
     ctx = mp.get_context("spawn")
     _size_for_parallel_runs(world)
     with tempfile.TemporaryDirectory(prefix="neocfg-ranks-") as results:
-        port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, backend, timeout_s, fn, args, results,
+        # The rendezvous store lives in this process, bound before any rank starts (port 0: the OS picks a free
+        # one), so no other process can take its port between choosing it and binding it.
+        store = dist.TCPStore(LOCALHOST, 0, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        procs = [ctx.Process(target=_worker, args=(r, world, store.port, backend, timeout_s, fn, args, results,
                                                    os.getpid()), name=f"neocfg-rank-{r}") for r in range(world)]
         try:
             with standard_start_method():

@@ -9,6 +9,11 @@ and results, and tell the master what happened; the master decides:
                 splits in work are fewer than the buffer (prefetch_splits per client) plus the workers; a lease past
                 `split_timeout_s` is overdue (the transport kills its worker); a task whose workers died
                 MAX_SPLIT_ATTEMPTS times is a bad split
+  backups       a lease that runs BACKUP_FACTOR times the recent median split time (and at least BACKUP_MIN_S) is a
+                straggler: the next idle worker reads the same split (MapReduce's backup tasks); the first result is
+                delivered, the other dropped, and the straggler's death requeues nothing. A hung host (one whose
+                death its cluster declares only after health checks, ~15-30 s on Ray) then delays no split by more
+                than about a second
   progress      per split, not per sample: the open epochs' finished splits (reported by the clients with their next
                 pull once every row of a split was delivered), to count duplicates and to tell clients which epochs
                 are complete; memory grows with the number of splits, never with the number of samples. The
@@ -40,6 +45,13 @@ from neocfg.types import OnBadSplit
 MAX_SPLIT_ATTEMPTS = 3
 # Replacement workers allowed per configured worker before the service gives up (something kills every worker).
 MAX_RESTARTS_PER_WORKER = 8
+# Backup tasks (Dean and Ghemawat, MapReduce, OSDI'04, section 3.6: a backup execution of the in-progress tasks
+# cuts a sort's time by 44% that stragglers add): a lease is a straggler once it runs this many times the median
+# of the last BACKUP_WINDOW splits' read times, and at least BACKUP_MIN_S. The floor keeps a service whose splits
+# take milliseconds from reading splits twice on a scheduling hiccup; the cost of a backup is one split read again.
+BACKUP_FACTOR = 4.0
+BACKUP_MIN_S = 1.0
+BACKUP_WINDOW = 32
 # Online scaling (DSI, ISCA'22 section 5: the DPP master scales workers to keep trainers from stalling): decide once
 # per period; add a worker when clients waited more than this fraction of it ...
 AUTOSCALE_PERIOD_S = 1.0
@@ -97,6 +109,10 @@ class DppStats:
     splits_reread: int = 0
     # Ids the declared truncate transforms cut from bags (dsi.transforms ... op: truncate).
     ids_cut: int = 0
+    # Splits read a second time because their first lease straggled (backup tasks), and of those the results that
+    # came second and were dropped.
+    backups: int = 0
+    backups_dropped: int = 0
 
 
 class DataStall(DataError):
@@ -107,6 +123,10 @@ class DataStall(DataError):
 class Lease:
     task: Task
     since: float
+
+
+def task_key(task: Task) -> tuple[int, int]:
+    return task.epoch, task.split.index
 
 
 class Scale(Enum):
@@ -150,6 +170,11 @@ class Master(Generic[P]):
         self.ready: deque[tuple[SplitMeta, Optional[P]]] = deque()  # payload None: a skipped split
         self.leases: dict[int, Lease] = {}
         self.attempts: dict[tuple[int, int], int] = {}
+        # Backups: tasks two leases hold; tasks whose result was taken while another lease on them still runs (its
+        # result is dropped, its death requeues nothing); recent split read times, for telling a straggler.
+        self._backed: set[tuple[int, int]] = set()
+        self.served: set[tuple[int, int]] = set()
+        self._recent_s: deque[float] = deque(maxlen=BACKUP_WINDOW)
         self.counters = DppStats()
         self.fatal: Optional[str] = None
         self.skipped_errors: list[str] = []
@@ -176,8 +201,10 @@ class Master(Generic[P]):
 
     @property
     def finished(self) -> bool:
-        """A finite service (max_epochs) handed out and delivered everything."""
-        return self.queue.exhausted and not self.leases and not self.ready
+        """A finite service (max_epochs) handed out and delivered everything (a straggler whose backup was
+        delivered is not waited for)."""
+        return (self.queue.exhausted and not self.ready
+                and all(task_key(lease.task) in self.served for lease in self.leases.values()))
 
     def room(self, workers: int) -> bool:
         """Every worker may hold a split on top of a full buffer: counting the splits in work against the buffer
@@ -188,7 +215,15 @@ class Master(Generic[P]):
     # ---- workers ----------------------------------------------------------------------------------------------
     def lease(self, worker: int, now: float, workers: int = 1) -> Optional[Task]:
         """The next task for an idle worker; None when the buffer is full or nothing is left."""
-        if self.fatal or not self.room(workers):
+        if self.fatal:
+            return None
+        backup = self._straggler(worker, now)
+        if backup is not None:  # (outside the buffer's room: the straggler's slot already counts)
+            self.counters.backups += 1
+            self._backed.add(task_key(backup))
+            self.leases[worker] = Lease(backup, now)
+            return backup
+        if not self.room(workers):
             return None
         task = self.queue.next()
         if task is None:
@@ -199,19 +234,58 @@ class Master(Generic[P]):
         self.leases[worker] = Lease(task, now)
         return task
 
-    def complete(self, worker: int, meta: SplitMeta, payload: P) -> None:
+    def _straggler(self, worker: int, now: float) -> Optional[Task]:
+        """The task of the oldest lease past the backup threshold that has no backup yet (None if there is none,
+        or no split finished yet to judge by). Leases are kept in the order they were made, oldest first, so the
+        common case (the oldest lease is young) costs one look."""
+        oldest = next(iter(self.leases.values()), None)
+        if oldest is None or now - oldest.since <= BACKUP_MIN_S or not self._recent_s:
+            return None
+        limit = max(BACKUP_MIN_S, BACKUP_FACTOR * sorted(self._recent_s)[len(self._recent_s) // 2])
+        for w, lease in self.leases.items():
+            if now - lease.since <= limit:
+                return None
+            key = task_key(lease.task)
+            if w != worker and key not in self._backed and key not in self.served:
+                return lease.task
+        return None
+
+    def _settle(self, worker: int, task: Task) -> tuple[bool, bool]:
+        """Drop `worker`'s lease on `task`: (its outcome still counts, i.e. no twin lease's result was taken for
+        it; a twin lease on it still runs). A taken task is forgotten once no lease on it is left."""
         self.leases.pop(worker, None)
+        key = task_key(task)
+        twin = key in self._backed
+        self._backed.discard(key)
+        if key in self.served:
+            if not twin:
+                self.served.discard(key)
+            return False, twin
+        return True, twin
+
+    def complete(self, worker: int, meta: SplitMeta, payload: P) -> None:
         c = self.counters
         c.bytes_read += meta.bytes_read
+        c.worker_busy_s += meta.seconds
+        self._recent_s.append(meta.seconds)
+        counts, twin = self._settle(worker, meta.task)
+        if not counts:  # its backup's twin delivered it first
+            c.backups_dropped += 1
+            return
+        if twin:
+            self.served.add(task_key(meta.task))
         c.ids_cut += meta.ids_cut
         c.splits_done += 1
-        c.worker_busy_s += meta.seconds
         self.ready.append((meta, payload))
         self._check_empty(meta)
 
     def failed(self, worker: int, task: Task, message: str) -> None:
         """A split failed on a worker: stop everything (fail) or deliver it as an empty, skipped split (skip)."""
-        self.leases.pop(worker, None)
+        counts, twin = self._settle(worker, task)
+        if not counts:
+            return
+        if twin:
+            self.served.add(task_key(task))
         self._bad(task, message)
 
     def _bad(self, task: Task, message: str) -> None:
@@ -226,9 +300,11 @@ class Master(Generic[P]):
 
     def lost(self, worker: int, reason: str) -> bool:
         """A worker died (or was killed as overdue): requeue its task; False when workers keep dying (give up)."""
-        lease = self.leases.pop(worker, None)
+        lease = self.leases.get(worker)
+        if lease is not None and self._settle(worker, lease.task) != (True, False):
+            lease = None  # delivered by its backup's twin, or the twin still reads it
         if lease is not None:
-            key = (lease.task.epoch, lease.task.split.index)
+            key = task_key(lease.task)
             self.attempts[key] = self.attempts.get(key, 0) + 1
             if self.attempts[key] >= MAX_SPLIT_ATTEMPTS:
                 self._bad(lease.task, f"{lease.task.split.where}: killed {MAX_SPLIT_ATTEMPTS} workers (last: {reason})")
@@ -243,10 +319,14 @@ class Master(Generic[P]):
 
     def reread(self, task: Task, reason: str) -> None:
         """A split's result was lost after its worker finished (its rows' node or object store is gone, or they
-        could not be fetched in time) and nothing of it was delivered: queue it again to be read from storage."""
-        key = (task.epoch, task.split.index)
-        self.attempts[key] = self.attempts.get(key, 0) + 1
+        could not be fetched in time) and nothing of it was delivered: queue it again to be read from storage, or
+        take the result of a twin lease still reading it."""
+        key = task_key(task)
         self.counters.splits_reread += 1
+        if key in self.served:  # the straggler still reads it: its result counts now
+            self.served.discard(key)
+            return
+        self.attempts[key] = self.attempts.get(key, 0) + 1
         if self.attempts[key] >= MAX_SPLIT_ATTEMPTS:
             self._bad(task, f"{task.split.where}: its rows were lost {MAX_SPLIT_ATTEMPTS} times (last: {reason})")
         else:

@@ -12,7 +12,7 @@
            reference on to the client that pulls the split, which fetches the rows from the worker's node; once
            the client dropped its reference, Ray frees them. Rows that cannot be fetched (their node, object
            store or worker was lost: ObjectLostError, ObjectReconstructionFailedError, OwnerDiedError,
-           ActorDiedError; or not within FETCH_TIMEOUT_S) were never delivered: the client hands the split back and
+           ActorDiedError; or not within fetch_timeout_s) were never delivered: the client hands the split back and
            the master queues it again, to be re-read from storage by a live worker
   cluster  dsi.ray.address=null: rank 0 starts a Ray of its own for the run (address="local", whatever else runs on
            the machine; token authentication with a token made for the run, shared with the other ranks), shut down
@@ -61,9 +61,17 @@ LOCAL_RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
 AUTH_MODE_ENV, AUTH_TOKEN_ENV, AUTH_TOKEN_PATH_ENV = "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"
 # Bytes of randomness in the run's token (hex: twice as many characters).
 AUTH_TOKEN_BYTES = 32
-# A client that cannot fetch a pulled split's rows within this many seconds hands the split back (a node that died
-# is declared dead by Ray's health checks within about 15 s: 5 missed checks 3 s apart, Ray's defaults).
-FETCH_TIMEOUT_S = 60.0
+# A client that cannot fetch a pulled split's rows within FETCH_MIN_S plus their stored bytes at FETCH_MIN_BYTES_PER_S
+# hands the split back, to be read again by a live worker, instead of waiting for Ray to declare the rows' node dead
+# (its health checks: 5 missed checks 3 s apart by default, about 15 s, and longer for a host that hangs). A split's
+# rows arrive in milliseconds from a live node (a few MB); the floor leaves room for a busy host, and a false
+# timeout costs one split read again.
+FETCH_MIN_S = 5.0
+FETCH_MIN_BYTES_PER_S = 10e6
+
+
+def fetch_timeout_s(bytes_read: int) -> float:
+    return FETCH_MIN_S + bytes_read / FETCH_MIN_BYTES_PER_S
 # The master's loop wakes at least this often (seconds) to check timeouts, scaling and shutdown.
 TICK_S = 0.05
 # A client blocked in pull is woken by every change it waits for (a finished split, the end, an error); it also
@@ -519,7 +527,7 @@ class RayDppService:
             result = SplitResult.skipped_split(meta)
         else:
             try:
-                result = ray.get(ref, timeout=FETCH_TIMEOUT_S)
+                result = ray.get(ref, timeout=fetch_timeout_s(meta.bytes_read))
             except (RayError, GetTimeoutError) as exc:  # the rows' node or object store is gone: read it again
                 self.rereads += 1
                 self.master.lost_rows.remote(meta.task, f"{meta.task.split.where}: {_reason(exc)}")
