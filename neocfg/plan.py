@@ -126,6 +126,9 @@ class StepStrategies:
     # the data source's prefetch thread runs at idle priority (SCHED_IDLE: in the rank's waits; a plan file without
     # the key: the default class)
     prefetch_idle: bool = False
+    # the row-wise tables' partial sums travel by an all-to-all and are summed on arrival (a plan file without the
+    # key: by reduce-scatter)
+    sums_by_all_to_all: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (v.value if isinstance(v, Enum) else v) for k, v in asdict(self).items()}
@@ -137,14 +140,16 @@ class StepStrategies:
                               routing_encoding=RoutingEncoding(d["routing_encoding"]),
                               id_weights=bool(d.get("id_weights", False)),
                               output_overlap=bool(d.get("output_overlap", False)),
-                              prefetch_idle=bool(d.get("prefetch_idle", False)))
+                              prefetch_idle=bool(d.get("prefetch_idle", False)),
+                              sums_by_all_to_all=bool(d.get("sums_by_all_to_all", False)))
 
     def describe(self) -> str:
         return (f"pipeline {'on' if self.pipeline else 'off'}, ids exchanged in the {self.ids_exchange.value},"
                 f" dense gradients by {self.dense_grad_sync.value}, ids {self.id_dtype.value},"
                 f" row-sharded ids as {self.routing_encoding.value}" + (", per-id weights" if self.id_weights else "")
                 + f", outputs' all-to-all {'overlapping the bottom MLP' if self.output_overlap else 'waited for at once'}"
-                + (", prefetch thread at idle priority" if self.prefetch_idle else ""))
+                + (", prefetch thread at idle priority" if self.prefetch_idle else "")
+                + (", row-wise partial sums by all-to-all" if self.sums_by_all_to_all else ""))
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ def _check_strategies(c: _Checker, st: Any) -> None:
         raise c.fail("strategies", f"expected an object, got {type(st).__name__}")
     if not isinstance(st.get("pipeline"), bool):
         raise c.fail("strategies", f"pipeline={st.get('pipeline')!r} must be true or false")
-    for key in ("output_overlap", "prefetch_idle"):
+    for key in ("output_overlap", "prefetch_idle", "sums_by_all_to_all"):
         if not isinstance(st.get(key, False), bool):
             raise c.fail("strategies", f"{key}={st.get(key)!r} must be true or false")
     for key, enum in (("ids_exchange", IdsExchange), ("dense_grad_sync", DenseGradSync), ("id_dtype", IdDtype),

@@ -122,6 +122,18 @@ class PrefetchPriority(Enum):
     idle = "idle"
 
 
+class PartialSums(Enum):
+    """How the row-wise tables' partial pooled sums reach the ranks of their samples
+    (StepStrategies.sums_by_all_to_all). reduce_scatter: torch.distributed's reduce-scatter (NCCL's ring,
+    hierarchical across nodes); all_to_all: an all-to-all of the same bytes, summed on arrival (gloo's reduce-scatter
+    took 1.6-2.5x as long: bench/bench_gloo_collectives.py); auto: all_to_all on CPU devices (gloo), reduce_scatter
+    on GPUs, resolved by the planner into plan.json's strategies."""
+
+    auto = "auto"
+    reduce_scatter = "reduce_scatter"
+    all_to_all = "all_to_all"
+
+
 class IdDtype(Enum):
     """The integer type the ids, lengths and bag codes travel and are looked up in (StepStrategies.id_dtype)."""
 
@@ -164,6 +176,7 @@ class Carries(Enum):
     ids = "ids"                      # lengths, ids (and bag codes) of the batch, in the plan's id dtype
     id_weights = "id_weights"        # per-id weights (float32) in the id payload's layout, where the data has them
     outputs = "outputs"              # pooled outputs, forward, in a2a_fwd_dtype
+    partial_sums = "partial_sums"    # row-wise tables' partial sums, forward, in a2a_fwd_dtype (summed on arrival)
     output_grads = "output_grads"    # their gradients, backward, in a2a_bwd_dtype (and the dense gradients riding)
     replica_grads = "replica_grads"  # the data-parallel replicas' fp32 table gradient
     dense_grads = "dense_grads"      # DDP's all-reduce of the dense gradients (fp32 buckets)

@@ -225,6 +225,9 @@ def test_two_ranks_issue_the_plans_collectives():
         # no all-to-all output at all (row-wise and data-parallel only), pipelined
         _job(base, 2, 2, sharding=[S.row_wise, S.data_parallel] * 4, pipeline=True, ids_exchange=IdsExchange.step,
              dense_grad_sync=DenseGradSync.ddp),
+        # (the CPU default sends row-wise partial sums by all-to-all) by reduce-scatter, as GPUs do
+        _job(base, 2, 2, pipeline=False, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp,
+             sums_by_all_to_all=False),
         # two nodes of one rank: table_wise and column_wise across nodes
         _job(base, 2, 1, sharding=[S.table_wise, S.column_wise] * 4, pipeline=False, ids_exchange=IdsExchange.step,
              dense_grad_sync=DenseGradSync.exchange),
@@ -241,6 +244,8 @@ def test_four_ranks_on_two_nodes_issue_the_plans_collectives():
         _job(base, 4, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.ddp),
         _job(base, 4, 2, pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp),
         _job(base, 4, 2, pipeline=False, ids_exchange=IdsExchange.prefetch, dense_grad_sync=DenseGradSync.exchange),
+        _job(base, 4, 2, pipeline=True, ids_exchange=IdsExchange.step, dense_grad_sync=DenseGradSync.ddp,
+             sums_by_all_to_all=False),
     ]
     _check(jobs, 4)
 

@@ -99,6 +99,22 @@ def test_row_wise(cost, table):
     assert st.hbm == 125 * 16 * 4 + 125 * 4 + 100 * 2 * 4 + 2 * 800 * 16 * 4  # ceil(1000/8) = 125 rows
 
 
+def test_row_wise_partial_sums_by_all_to_all(table):
+    """train.partial_sums=all_to_all (the CPU default): the partial sums of all 800 samples leave by the world's
+    all-to-all, at its rate (more of it crosses nodes than of the hierarchical reduce-scatter); gradients as before,
+    and one reduce-scatter latency fewer per step."""
+    cfg = round_cfg(TABLE, "train.pipeline=false", "train.partial_sums=all_to_all",
+                    "hardware.reduce_scatter_latency_us=700", "hardware.collective_latency_us=300")
+    cost = CostModel.from_config(cfg)
+    perf, _ = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx(IDS_RW * A2A + 800 * 16 * 4 * A2A)       # ids + partial sums, all-to-all
+    assert perf.bwd_comm == approx(800 * 16 * 4 * RS)                       # all-gather of gradients
+    rs = CostModel.from_config(round_cfg(TABLE, "train.pipeline=false", "train.partial_sums=reduce_scatter",
+                                         "hardware.reduce_scatter_latency_us=700", "hardware.collective_latency_us=300"))
+    rw = [ShardingType.row_wise]
+    assert rs.collectives_latency_ms(rw) - cost.collectives_latency_ms(rw) == approx((700 - 300) / 1e3)
+
+
 def test_table_row_wise(cost, table):
     perf, _ = cost.piece(table, ShardingType.table_row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
     assert perf.fwd_compute == approx(800 * 2 / 4 * 16 * 4 / 1000e9 * 1e3)

@@ -102,6 +102,9 @@ CASES = {
     # DDP on the dense part: the pooled outputs' all-to-all overlaps the bottom MLP, both ways (SGD: a wrong factor
     # on the embeddings' gradient shows, where Adagrad's first steps hide it)
     "mixed_ddp": (2, SGD, MIXED_2, {}, ("train.dense_grad_sync=ddp",)),
+    # the row-wise partial sums by reduce-scatter (GPUs' default; CPU ranks send them by all-to-all)
+    "rw_reduce_scatter": (2, ROWWISE, S.row_wise, {}, ("train.partial_sums=reduce_scatter",)),
+    "mixed_4_reduce_scatter": (4, ADAGRAD, MIXED_4, {}, ("train.partial_sums=reduce_scatter",)),
 }
 FP16_CASES = {"fp16_comm", "bf16_comm", "fp16_weights"}
 

@@ -95,6 +95,41 @@ def test_prefetch_priority_is_idle_only_where_pinned():
     assert idle(S.table_wise, "dsi=parquet_local", "train.prefetch_priority=idle") is False   # no such thread
 
 
+def test_partial_sums_travel_by_all_to_all_on_cpu_ranks_and_by_reduce_scatter_on_gpus():
+    """auto: all_to_all on CPU devices (gloo's reduce-scatter is slow), reduce_scatter on GPUs; either pinned on any
+    device; a plan with no row-wise partial sums (table-wise only) has nothing to set."""
+
+    def a2a(sharding, *over, world=2):
+        cfg = compose_cfg(["train.batch_size=16", *over])
+        return resolve(cfg, rule_plan(cfg.model, world=world, devices_per_node=min(world, 8), batch_size=16,
+                                      sharding=sharding or {t.name: s for t, s in zip(cfg.model.tables, MIX)}
+                                      )).sums_by_all_to_all
+
+    assert a2a(None) is True and a2a(S.row_wise) is True                       # cpu_local, auto
+    assert a2a(S.row_wise, "train.partial_sums=reduce_scatter") is False
+    assert a2a(S.row_wise, "hardware=zionex_1node", world=8) is False          # GPUs, auto
+    assert a2a(S.row_wise, "hardware=zionex_1node", "train.partial_sums=all_to_all", world=8) is True
+    assert a2a(S.table_wise, "train.partial_sums=all_to_all") is False          # no partial sums
+
+
+def test_a_plan_file_without_sums_by_all_to_all_reduce_scatters_them(tmp_path):
+    cfg = compose_cfg(["train.batch_size=16"])
+    d = with_strategies(cfg, _plan(cfg)).to_dict()
+    assert d["strategies"].pop("sums_by_all_to_all") is True
+    kinds = {(c["kind"], c["carries"]) for c in d["collectives"][0]}
+    assert ("all_to_all", "partial_sums") in kinds and ("reduce_scatter", "outputs") not in kinds
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(d))
+    plan = load_plan_file(path, cfg.model, 2)
+    assert plan.strategies.sums_by_all_to_all is False
+    kinds = {(c.kind.value, c.carries.value) for c in with_strategies(cfg, plan).collectives[0]}
+    assert ("reduce_scatter", "outputs") in kinds and ("all_to_all", "partial_sums") not in kinds
+    d["strategies"]["sums_by_all_to_all"] = "yes"
+    path.write_text(json.dumps(d))
+    with pytest.raises(PlanError, match=r"strategies: sums_by_all_to_all='yes' must be true or false"):
+        load_plan_file(path, cfg.model, 2)
+
+
 def test_an_unknown_prefetch_priority_is_a_one_line_error(cli, tmp_path):
     r = cli("mode=plan", "train.prefetch_priority=fast", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode != 0 and "Traceback" not in r.stderr

@@ -7,8 +7,8 @@ from typing import Optional
 
 from neocfg.config import checks
 from neocfg.errors import ConfigError
-from neocfg.types import (DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, OutputOverlap, PrefetchPriority,
-                          SparseOptimizer)
+from neocfg.types import (DenseGradSync, DenseOptimizer, DensePrecision, IdsExchange, OutputOverlap, PartialSums,
+                          PrefetchPriority, SparseOptimizer)
 
 
 @dataclass
@@ -36,6 +36,10 @@ class TrainConfig:
     # compute: faster whole runs on CPU ranks, not yet priced by the estimate), normal, or auto (normal for now; see
     # neocfg.types.PrefetchPriority).
     prefetch_priority: PrefetchPriority = PrefetchPriority.auto
+    # How row-wise tables' partial sums reach their samples' ranks (PartialSums): reduce_scatter, all_to_all (the
+    # same bytes, summed on arrival), or auto (all_to_all on CPU devices, whose gloo reduce-scatter is slow). The
+    # same sums either way, up to the order of addition.
+    partial_sums: PartialSums = PartialSums.auto
     # How the dense gradients are averaged over ranks: ddp (DDP's all-reduce), exchange (they ride in the
     # embeddings' backward all-to-all: one collective fewer per step), auto (exchange while world x dense bytes is
     # small, see neocfg.types.DenseGradSync).

@@ -55,7 +55,7 @@ from neocfg.config.model import ModelConfig, TableConfig
 from neocfg.config.planner import CostConstants
 from neocfg.config.schema import NeocfgConfig
 from neocfg.perf import Perf
-from neocfg.planner.strategies import dense_grad_sync, id_weights
+from neocfg.planner.strategies import dense_grad_sync, id_weights, sums_by_all_to_all
 from neocfg.planner.types import Storage, Topology
 from neocfg.sharding import (SCHEMES, OutputKind, PieceShape, Routing, ceil_div, embedding_collectives,
                              gather_collectives)
@@ -320,6 +320,8 @@ class CostModel:
     # The plan's routing encoding where it is known (a placed plan's StepStrategies.routing_encoding); None: before
     # placement, each row range's own rule (encoding_for its table's ranges and ids)
     routing_encoding: Optional[RoutingEncoding] = None
+    # The row-wise partial sums travel by all-to-all, summed on arrival (StepStrategies.sums_by_all_to_all)
+    sums_by_all_to_all: bool = False
 
     @staticmethod
     def from_config(cfg: NeocfgConfig) -> "CostModel":
@@ -357,7 +359,8 @@ class CostModel:
             ids_overlapped=step_ids_overlapped(cfg),
             rider_bytes=rider_bytes(cfg, planned_dense_sync(cfg)),
             ddp_wait_ms=(hw.ddp_exchange_wait_us or 0.0) / 1e3,
-            output_overlap_efficiency=hw.output_overlap_efficiency)
+            output_overlap_efficiency=hw.output_overlap_efficiency,
+            sums_by_all_to_all=sums_by_all_to_all(cfg.train.partial_sums, hw.device.kind is DeviceKind.cpu))
 
     @property
     def exposed_id_collectives(self) -> int:
@@ -411,7 +414,7 @@ class CostModel:
         shardings = set(shardings)
         replicated = {s for s in shardings if self.kind_of(s) is OutputKind.replicated}
         world, per = self.topo.world, self.topo.devices_per_node
-        gathers = gather_collectives(shardings - replicated, world, per)
+        gathers = gather_collectives(shardings - replicated, world, per, self.sums_by_all_to_all)
         alpha = (embedding_collectives(shardings - replicated, self.exposed_id_collectives, world, per) - gathers) \
             * self.collective_latency_ms + gathers * self.reduce_scatter_latency_ms
         return alpha + (self.all_reduce_latency_ms if replicated else 0.0) + self.rider_ms(shardings)
@@ -556,7 +559,7 @@ class CostModel:
             return Perf()
         half = shape.output_samples * self.exchange_ms_per_bag / 2
         carried = {pc.carries for pc in records}
-        return Perf(fwd_comm=half if Carries.outputs in carried else 0.0,
+        return Perf(fwd_comm=half if carried & {Carries.outputs, Carries.partial_sums} else 0.0,
                     bwd_comm=half if Carries.output_grads in carried else 0.0)
 
     def ids_ms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> float:
@@ -573,7 +576,8 @@ class CostModel:
             encoding = encoding_for(1 / share, pooling) if share > 0 else RoutingEncoding.lengths
         traffic = Traffic(batch_size=self.batch_size, world=self.topo.world,
                           devices_per_node=self.topo.devices_per_node, id_bytes=self.id_bytes,
-                          fwd_bytes=self.a2a_fwd_bytes, bwd_bytes=self.a2a_bwd_bytes, encoding=encoding)
+                          fwd_bytes=self.a2a_fwd_bytes, bwd_bytes=self.a2a_bwd_bytes, encoding=encoding,
+                          sums_by_all_to_all=self.sums_by_all_to_all)
         return SCHEMES[sharding].piece_comms(traffic, shape, pooling, self.kind_of(sharding), share=share)
 
     def kind_of(self, sharding: ShardingType) -> OutputKind:
@@ -591,7 +595,8 @@ class CostModel:
         ms = pc.held_bytes * (self.rate_ms_per_byte(pc) + copy)
         if pc.carries is Carries.ids and self.id_weights:   # the weights' payload: the ids' elements as float32
             ms *= 1 + FP32 / self.id_bytes
-        return Perf(fwd_comm=ms) if pc.carries in (Carries.ids, Carries.outputs) else Perf(bwd_comm=ms)
+        forward = pc.carries in (Carries.ids, Carries.outputs, Carries.partial_sums)
+        return Perf(fwd_comm=ms) if forward else Perf(bwd_comm=ms)
 
     def output_wire_ms(self, table: TableConfig, sharding: ShardingType, shape: PieceShape) -> tuple[float, float]:
         """The piece's part of the pooled outputs' world all-to-all (forward) and of its gradients' (backward): its

@@ -22,6 +22,11 @@ runtime runs and the plan says. Every `auto` is decided here, by the rules below
                     128-131k against 108-117k samples/s, criteo Zipf 35.0-36.8k against 35.1-35.6k, the 856-table
                     model 1,810-1,904 against 1,793-1,816; row-wise tiny8 (ids exchanged in the thread) 78-84k
                     against 77-83k with data_wait 1.2-1.4 ms against 0.1.
+  sums_by_all_to_all  the row-wise tables' partial sums sent by an all-to-all and summed on arrival instead of a
+                    reduce-scatter: where train.partial_sums pins all_to_all, or is auto on CPU devices (gloo's
+                    reduce_scatter on 2 ranks took 1.6-2.5x an all-to-all of it and the sum:
+                    bench/bench_gloo_collectives.py); GPUs keep NCCL's reduce-scatter (a ring, and across nodes it
+                    sends a node's share once where the all-to-all sends every rank's).
   id_dtype          int32 when every table's rows and every bag code (features of a rank x world x batch) fit.
   routing_encoding  lengths while the length entries per sample (row ranges x row-sharded tables) are at most
                     LENGTH_ENTRIES_PER_ID x the row-sharded ids per sample, else codes.
@@ -39,8 +44,8 @@ from neocfg.plan import Plan, StepStrategies
 from neocfg.sharding import SCHEMES, OutputKind, Routing
 from neocfg.sharding import has_all_to_all as tables_have_all_to_all
 from neocfg.sharding.collectives import ID32_LIMIT, LENGTH_ENTRIES_PER_ID, Collective, encoding_for, step_collectives
-from neocfg.types import (DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, PrefetchPriority,
-                          RoutingEncoding)
+from neocfg.types import (DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, PartialSums,
+                          PrefetchPriority, RoutingEncoding)
 
 # DenseGradSync.auto folds the dense gradients into the embeddings' backward all-to-all when every rank's share of
 # it (world x the dense parameters' bytes) is at most this. Measured (bench_vs_torchrec, 2 gloo ranks, one thread):
@@ -99,6 +104,18 @@ def prefetch_idle(mode: PrefetchPriority, source_prefetches: bool) -> bool:
     return source_prefetches and mode is PrefetchPriority.idle
 
 
+def sums_by_all_to_all(mode: PartialSums, cpu_ranks: bool, partial_sums: bool = True) -> bool:
+    """Whether the row-wise partial sums travel by all-to-all (summed on arrival) rather than by reduce-scatter
+    (partial_sums: some table's outputs are such sums; a plan without them has nothing to set)."""
+    return partial_sums and (mode is PartialSums.all_to_all or (mode is PartialSums.auto and cpu_ranks))
+
+
+def has_partial_sums(plan: Plan) -> bool:
+    """Some table's pooled outputs are partial sums reduce-scattered over the world (row-wise on every rank)."""
+    return any(SCHEMES[t.sharding].output_kind([s.rank for s in t.shards], plan.world_size, plan.devices_per_node)
+               is OutputKind.reduce_scatter for t in plan.tables)
+
+
 def id_dtype(plan: Plan, batch_size: int) -> IdDtype:
     """int32 when every table's rows and every bag code (a rank's looked-up features x world x batch) fit."""
     features = Counter(s.rank for t in plan.tables if SCHEMES[t.sharding].kind is not OutputKind.replicated
@@ -148,7 +165,9 @@ def resolve(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None
         pipeline=tc.pipeline and exchange is IdsExchange.step, ids_exchange=exchange, dense_grad_sync=sync,
         id_dtype=id_dtype(plan, tc.batch_size), routing_encoding=routing_encoding(plan, cfg.model),
         id_weights=id_weights(cfg), output_overlap=overlap,
-        prefetch_idle=prefetch_idle(tc.prefetch_priority, source_prefetches))
+        prefetch_idle=prefetch_idle(tc.prefetch_priority, source_prefetches),
+        sums_by_all_to_all=sums_by_all_to_all(tc.partial_sums, cfg.hardware.device.kind is DeviceKind.cpu,
+                                              has_partial_sums(plan)))
 
 
 def with_strategies(cfg: NeocfgConfig, plan: Plan, source_prefetches: bool | None = None) -> Plan:

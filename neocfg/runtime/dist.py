@@ -46,6 +46,14 @@ class Comm:
         work = dist.all_to_all_single(out, send.contiguous(), out_splits, in_splits, group=self.group, async_op=True)
         return out, work
 
+    def sum_scatter(self, send: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """send: [world, n] -> the sum over ranks of send[rank], in `dtype`: a reduce-scatter made of an all-to-all
+        (the same bytes; gloo's reduce_scatter takes 1.6-2.5x as long: bench/bench_gloo_collectives.py) and the sum of
+        what arrived."""
+        n = send.shape[1]
+        got = self.all_to_all(send.reshape(-1), [n] * self.world, [n] * self.world)
+        return got.view(self.world, n).to(dtype).sum(0)
+
     def reduce_scatter(self, send: torch.Tensor) -> torch.Tensor:
         """send: [world, n] -> the sum over ranks of send[rank]."""
         out = send.new_empty(send.shape[1:])
@@ -121,6 +129,7 @@ class ExchangePlan:
     fwd_dtype: torch.dtype
     bwd_dtype: torch.dtype
     grad_scale: float               # 1/world: the global loss is the mean over the global batch
+    sums_by_all_to_all: bool        # the reduce-scatter part by all-to-all, summed here (StepStrategies)
     stopwatch: Stopwatch
     # The received elements' places in the output ([B, sum of the pieces' columns] by _piece_gather, then
     # a2a_target) composed and cut into runs of contiguous elements (ChunkGather): received all_to_all elements
@@ -131,7 +140,7 @@ class ExchangePlan:
 
     @staticmethod
     def build(layout: Layout, comm: Comm, batch_size: int, fwd: CommDtype, bwd: CommDtype,
-              stopwatch: Stopwatch) -> "ExchangePlan":
+              stopwatch: Stopwatch, sums_by_all_to_all: bool = False) -> "ExchangePlan":
         hier = layout.target_columns(OutputKind.hierarchical)
         node_comms = (NodeComms.build(comm.world, comm.rank, layout.devices_per_node, comm.timeout)
                       if hier.numel() else None)
@@ -153,6 +162,7 @@ class ExchangePlan:
             rs_target=layout.target_columns(OutputKind.reduce_scatter),
             hier_target=hier, hier_widths=layout.hierarchical_widths(), node_comms=node_comms,
             fwd_dtype=TORCH_DTYPES[fwd], bwd_dtype=TORCH_DTYPES[bwd], grad_scale=1.0 / comm.world,
+            sums_by_all_to_all=sums_by_all_to_all,
             stopwatch=stopwatch, a2a_to_out=a2a_to_out, out_to_a2a=out_to_a2a)
 
     def to(self, device: torch.device) -> "ExchangePlan":
@@ -340,7 +350,11 @@ def _add_other_kinds(xp: ExchangePlan, out: torch.Tensor, rs_part: torch.Tensor,
     """out += the reduce-scatter and two-level parts' pooled outputs (their collectives)."""
     comm, b = xp.comm, xp.batch_size
     if xp.rs_target.numel():
-        summed = comm.reduce_scatter(rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)).to(out.dtype)
+        send = rs_part.to(xp.fwd_dtype).reshape(comm.world, -1)
+        if xp.sums_by_all_to_all:
+            summed = comm.sum_scatter(send, out.dtype)
+        else:
+            summed = comm.reduce_scatter(send).to(out.dtype)
         out.index_add_(1, xp.rs_target, summed.view(b, -1))
     if xp.hier_target.numel():
         out.index_add_(1, xp.hier_target, _hier_forward(xp, hier_part.to(xp.fwd_dtype)).to(out.dtype))

@@ -200,9 +200,10 @@ class ShardedEmbeddings(nn.Module):
 
     def __init__(self, layout: Layout, comm: Comm, train: TrainConfig, batch_size: int, fwd_dtype: CommDtype,
                  bwd_dtype: CommDtype, device: torch.device, stopwatch: Stopwatch, seed: int, dp_group=None,
-                 id_group=None, ahead_group=None, *, encoding: RwEncoding, id_dtype: torch.dtype) -> None:
+                 id_group=None, ahead_group=None, *, encoding: RwEncoding, id_dtype: torch.dtype,
+                 sums_by_all_to_all: bool = False) -> None:
         """id_group: the step's id exchange (default comm.group); ahead_group: prepare()'s, in the data source's
-        thread (None: no prepare)."""
+        thread (None: no prepare); sums_by_all_to_all: the plan's StepStrategies.sums_by_all_to_all."""
         super().__init__()
         self.layout, self.comm, self.device, self.stopwatch = layout, comm, device, stopwatch
         self.batch_size = batch_size
@@ -222,7 +223,8 @@ class ShardedEmbeddings(nn.Module):
         # every column, in order, feeds one kind (e.g. table-wise only): that part is the output itself, no copy
         width = sum(s.num_cols for s in layout.me.features)
         self.whole_part = [len(c) == width and bool((c.cpu() == torch.arange(width)).all()) for c in self.source_cols]
-        self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch).to(device)
+        self.xp = ExchangePlan.build(layout, comm, batch_size, fwd_dtype, bwd_dtype, stopwatch,
+                                     sums_by_all_to_all).to(device)
         self.dp_target = layout.target_columns(OutputKind.replicated).to(device)
         self.replicated = ReplicatedEmbeddings(layout.tables_of(OutputKind.replicated), layout.rows, layout.dims,
                                                train.sparse_optimizer, train.sparse_learning_rate, seed, device,

@@ -113,7 +113,7 @@ class Trainer:
         self.emb = ShardedEmbeddings(self.layout, self.comm, tc, tc.batch_size, plan.a2a_fwd_dtype,
                                      plan.a2a_bwd_dtype, device, self.sw, seed=tc.seed, dp_group=dp_group,
                                      id_group=id_group, ahead_group=ahead_group, encoding=st.routing_encoding,
-                                     id_dtype=ID_DTYPES[st.id_dtype])
+                                     id_dtype=ID_DTYPES[st.id_dtype], sums_by_all_to_all=st.sums_by_all_to_all)
         # The pipelined step's look-ahead (_pipelined_batch): this step's batch with its ids in flight, and the
         # next batch routed, each with the data position before it.
         self.inflight: Optional[tuple[Batch, PendingIds, Any]] = None

@@ -43,8 +43,10 @@ SCHEMES: dict[ShardingType, Scheme] = discover()
 # Collectives per step of each output kind (forward + backward), from the records its pieces add
 # (neocfg.sharding.collectives): all tables of a kind share them.
 OUTPUT_COLLECTIVES = {kind: output_collectives(kind.value) for kind in OutputKind}
-# ... of them the reduce-scatters and all-gathers (priced at hardware.reduce_scatter_latency_us where it is given).
-GATHER_COLLECTIVES = {kind: sum(k in GATHER_KINDS for k in output_collective_kinds(kind.value)) for kind in OutputKind}
+# ... of them the reduce-scatters and all-gathers (priced at hardware.reduce_scatter_latency_us where it is given), by
+# output kind and whether the row-wise partial sums travel by all-to-all (StepStrategies.sums_by_all_to_all).
+GATHER_COLLECTIVES = {(kind, a2a): sum(k in GATHER_KINDS for k in output_collective_kinds(kind.value, a2a))
+                      for kind in OutputKind for a2a in (False, True)}
 # Id collectives of the unpipelined step (the counts, then the payload): collectives.id_collectives.
 IDS_COLLECTIVES = id_collectives(pipeline=False, ahead=False)
 
@@ -65,9 +67,10 @@ def has_all_to_all(tables: Iterable, world: int, devices_per_node: int) -> bool:
                is OutputKind.all_to_all for t in tables)
 
 
-def gather_collectives(shardings: Iterable[ShardingType], world: int = 0, devices_per_node: int = 0) -> int:
+def gather_collectives(shardings: Iterable[ShardingType], world: int = 0, devices_per_node: int = 0,
+                       sums_by_all_to_all: bool = False) -> int:
     """How many of embedding_collectives' output collectives are reduce-scatters or all-gathers."""
-    return sum(GATHER_COLLECTIVES[k] for k in _output_kinds(shardings, world, devices_per_node))
+    return sum(GATHER_COLLECTIVES[k, sums_by_all_to_all] for k in _output_kinds(shardings, world, devices_per_node))
 
 
 def _output_kinds(shardings: Iterable[ShardingType], world: int, devices_per_node: int) -> set[OutputKind]:

@@ -42,9 +42,9 @@ FP32 = 4
 # DDP's gradient buckets (torch.nn.parallel.DistributedDataParallel): the first holds up to 1 MiB
 # (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES), the others up to bucket_cap_mb (planner.costs.ddp_bucket_mib).
 DDP_FIRST_BUCKET_BYTES = 1 << 20
-# The exchange's reduce-scatters and all-gathers (the row-wise outputs' partial sums and their gradients, a node's
-# two-level collectives): priced at a latency and a host rate of their own (hardware.reduce_scatter_latency_us,
-# hardware.device.gather_copy_gbs).
+# The exchange's reduce-scatters and all-gathers (the row-wise outputs' partial sums where they are reduce-scattered
+# and their gradients, a node's two-level collectives): priced at a latency and a host rate of their own
+# (hardware.reduce_scatter_latency_us, hardware.device.gather_copy_gbs).
 GATHER_KINDS = (CollectiveKind.reduce_scatter, CollectiveKind.all_gather)
 
 
@@ -59,6 +59,7 @@ class Traffic:
     fwd_bytes: int                   # a2a_fwd_dtype
     bwd_bytes: int                   # a2a_bwd_dtype
     encoding: RoutingEncoding = RoutingEncoding.lengths
+    sums_by_all_to_all: bool = False  # StepStrategies.sums_by_all_to_all
 
     @property
     def global_batch(self) -> int:
@@ -120,10 +121,14 @@ def all_to_all_outputs(t: Traffic, cols: int) -> tuple[PieceComm, ...]:
 
 
 def reduce_scatter_outputs(t: Traffic, cols: int) -> tuple[PieceComm, ...]:
-    """Partial sums of every global sample reduce-scattered over the world; gradients all-gathered."""
+    """Partial sums of every global sample reduce-scattered over the world, or sent by an all-to-all to the rank of
+    their samples and summed there (sums_by_all_to_all: every source's [B, cols] arrives); gradients all-gathered."""
     whole, share = t.global_batch * cols, t.batch_size * cols
-    return (PieceComm(CollectiveKind.reduce_scatter, GroupScope.world, Carries.outputs,
-                      held_sent=whole * t.fwd_bytes, held_received=share * t.fwd_bytes),
+    sums = (PieceComm(CollectiveKind.all_to_all, GroupScope.world, Carries.partial_sums,
+                      held_sent=whole * t.fwd_bytes, held_received=whole * t.fwd_bytes) if t.sums_by_all_to_all
+            else PieceComm(CollectiveKind.reduce_scatter, GroupScope.world, Carries.outputs,
+                           held_sent=whole * t.fwd_bytes, held_received=share * t.fwd_bytes))
+    return (sums,
             PieceComm(CollectiveKind.all_gather, GroupScope.world, Carries.output_grads,
                       held_sent=share * t.bwd_bytes, held_received=whole * t.bwd_bytes))
 
@@ -156,10 +161,11 @@ OUTPUTS = {"all_to_all": all_to_all_outputs, "reduce_scatter": reduce_scatter_ou
 _PROBE = Traffic(batch_size=1, world=1, devices_per_node=1, id_bytes=4, fwd_bytes=4, bwd_bytes=4)
 
 
-def output_collective_kinds(kind_name: str) -> tuple[CollectiveKind, ...]:
+def output_collective_kinds(kind_name: str, sums_by_all_to_all: bool = False) -> tuple[CollectiveKind, ...]:
     """The collectives per step the pieces of an output kind add (all pieces of a kind share them), by kind: one per
     distinct collective its records name (all_to_all 2, reduce_scatter 2, hierarchical 4, replicated 1)."""
-    records = OUTPUTS[kind_name](_PROBE, 1) if kind_name in OUTPUTS else replica_grads(1.0)
+    probe = replace(_PROBE, sums_by_all_to_all=sums_by_all_to_all)
+    records = OUTPUTS[kind_name](probe, 1) if kind_name in OUTPUTS else replica_grads(1.0)
     return tuple(k for k, _, _ in dict.fromkeys((r.kind, r.group, r.carries) for r in records))
 
 
@@ -214,7 +220,7 @@ def plan_traffic(plan: "Plan", strategies: "StepStrategies") -> Traffic:
     return Traffic(batch_size=plan.batch_size_per_device, world=plan.world_size,
                    devices_per_node=plan.devices_per_node, id_bytes=strategies.id_dtype.bytes,
                    fwd_bytes=plan.a2a_fwd_dtype.bytes, bwd_bytes=plan.a2a_bwd_dtype.bytes,
-                   encoding=strategies.routing_encoding)
+                   encoding=strategies.routing_encoding, sums_by_all_to_all=strategies.sums_by_all_to_all)
 
 
 def step_collectives(plan: "Plan", model: "ModelConfig", dense_params: int,
@@ -302,6 +308,7 @@ _BESIDE_BOTTOM_MLP = (_A2A_OUTPUTS, _A2A_GRADS)
 # replicas' all-reduce as their gradient completes; DDP's buckets interleave with backward on their own group).
 _ORDER = (
     _A2A_OUTPUTS,
+    (CollectiveKind.all_to_all, GroupScope.world, Carries.partial_sums),
     (CollectiveKind.reduce_scatter, GroupScope.world, Carries.outputs),
     (CollectiveKind.reduce_scatter, GroupScope.intra_node, Carries.outputs),
     (CollectiveKind.all_to_all, GroupScope.cross_node, Carries.outputs),
