@@ -87,6 +87,8 @@ def _from_list(cfg, listed, header_bytes):
     copy = 1e3 / (hw.device.exchange_copy_gbs * 1e9) if hw.device.exchange_copy_gbs else 0.0
     gather_gbs = hw.device.gather_copy_gbs or hw.device.exchange_copy_gbs
     gather_copy = 1e3 / (gather_gbs * 1e9) if gather_gbs else 0.0
+    sums_gbs = hw.device.sums_copy_gbs or hw.device.exchange_copy_gbs
+    sums_copy = 1e3 / (sums_gbs * 1e9) if sums_gbs else 0.0
     alpha = hw.collective_latency_us / 1e3
     emb, ddp = 0.0, None
     for col in listed:
@@ -108,7 +110,8 @@ def _from_list(cfg, listed, header_bytes):
         else:
             if col.carries is Carries.ids:
                 moved -= header_bytes   # the payload's header (the next counts): a few bytes, unpriced
-            own = gather_copy if col.kind in (K.reduce_scatter, K.all_gather) else copy
+            own = (gather_copy if col.kind in (K.reduce_scatter, K.all_gather)
+                   else sums_copy if col.carries is Carries.partial_sums else copy)
             emb += col.count * _alpha(cfg, col.kind) + moved * (rate + own)
     return emb, ddp
 

@@ -515,6 +515,18 @@ def test_gather_copy_per_byte(table):
     assert perf.fwd_comm == approx((IDS_WHOLE + 800 * 16 * 4) * (A2A + copy))
 
 
+def test_sums_copy_per_byte(table):
+    """sums_copy_gbs prices the bytes of the row-wise partial sums' all-to-all (train.partial_sums=all_to_all); the
+    gradients' all-gather keeps gather_copy_gbs, the ids exchange_copy_gbs."""
+    cost = CostModel.from_config(round_cfg(TABLE, "+hardware.device.exchange_copy_gbs=2",
+                                           "+hardware.device.gather_copy_gbs=0.5", "+hardware.device.sums_copy_gbs=8",
+                                           "train.partial_sums=all_to_all", "train.pipeline=false"))
+    copy, gather, sums = 1 / 2e9 * 1e3, 1 / 0.5e9 * 1e3, 1 / 8e9 * 1e3
+    perf, _ = cost.piece(table, ShardingType.row_wise, MemoryTier.hbm, WeightsDtype.fp32, 1)
+    assert perf.fwd_comm == approx(IDS_RW * (A2A + copy) + 800 * 16 * 4 * (A2A + sums))
+    assert perf.bwd_comm == approx(800 * 16 * 4 * (RS + gather))
+
+
 def test_exchange_cost_per_bag_of_outputs(table):
     """exchange_ns_per_bag: half forward, half backward per bag a piece's outputs carry (a row-wise piece's partial
     sums of every sample too); nothing for a replica, whose outputs stay on its rank."""

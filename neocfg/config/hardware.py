@@ -90,6 +90,9 @@ class DeviceConfig:
     # The same for each byte of the exchange's reduce-scatters and all-gathers (row-wise outputs' partial sums and
     # their gradients: the host also sums what it receives), GB/s; unset: exchange_copy_gbs. cpu_local: measured.
     gather_copy_gbs: Optional[float] = None
+    # ... and for each byte of the row-wise partial sums' all-to-all (StepStrategies.sums_by_all_to_all: no layout
+    # gather around it, one sum of what arrives), GB/s; unset: exchange_copy_gbs. cpu_local: measured.
+    sums_copy_gbs: Optional[float] = None
     # ... and the exchange's host time per bag (one sample's pooled value of one table) its outputs carry, forward +
     # backward, nanoseconds, beside their bytes: the outputs travel as one segment per bag, and narrow segments cost
     # more per byte than wide ones; 0: not charged (the GPU presets). cpu_local: measured.
@@ -132,6 +135,8 @@ class DeviceConfig:
             checks.positive(f"{key}.exchange_copy_gbs", self.exchange_copy_gbs)
         if self.gather_copy_gbs is not None:
             checks.positive(f"{key}.gather_copy_gbs", self.gather_copy_gbs)
+        if self.sums_copy_gbs is not None:
+            checks.positive(f"{key}.sums_copy_gbs", self.sums_copy_gbs)
         checks.non_negative(f"{key}.exchange_ns_per_bag", self.exchange_ns_per_bag)
         if self.dense_mfu is not None:
             checks.in_range(f"{key}.dense_mfu", self.dense_mfu, 0.0, 1.0, lo_open=True)

@@ -298,6 +298,7 @@ class CostModel:
     table_reach_bytes: float = 0.0
     exchange_copy_ms_per_byte: float = 0.0  # host copies per byte of the embedding exchange (ids, outputs)
     gather_copy_ms_per_byte: float = 0.0    # ... of its reduce-scatters and all-gathers (the sums included)
+    sums_copy_ms_per_byte: float = 0.0      # ... of the row-wise partial sums' all-to-all (the sum included)
     exchange_ms_per_bag: float = 0.0     # ... and per bag of the outputs, forward + backward (each segment apart)
     stream_ms_per_byte: float = 0.0      # dense passes over device memory (data-parallel replicas' update)
     # The processor cache of a CPU rank (hardware.device.cache_mib): the fraction of every table's hottest rows it
@@ -350,6 +351,7 @@ class CostModel:
             tbe_ms_per_far_line=hw.device.tbe_ns_per_far_line / 1e6, table_reach_bytes=hw.device.table_reach_mib * 2**20,
             exchange_copy_ms_per_byte=_copy_ms_per_byte(hw.device.exchange_copy_gbs),
             gather_copy_ms_per_byte=_copy_ms_per_byte(hw.device.gather_copy_gbs or hw.device.exchange_copy_gbs),
+            sums_copy_ms_per_byte=_copy_ms_per_byte(hw.device.sums_copy_gbs or hw.device.exchange_copy_gbs),
             exchange_ms_per_bag=hw.device.exchange_ns_per_bag / 1e6,
             stream_ms_per_byte=MS / ((hw.device.stream_bandwidth_gbs or hw.device.hbm_bandwidth_gbs) * GB),
             cache_fraction=cache_fraction(cfg),
@@ -591,7 +593,9 @@ class CostModel:
         if pc.carries is Carries.ids and self.ids_overlapped:
             return Perf()
         copy = (0.0 if pc.carries is Carries.replica_grads
-                else self.gather_copy_ms_per_byte if pc.kind in GATHER_KINDS else self.exchange_copy_ms_per_byte)
+                else self.gather_copy_ms_per_byte if pc.kind in GATHER_KINDS
+                else self.sums_copy_ms_per_byte if pc.carries is Carries.partial_sums
+                else self.exchange_copy_ms_per_byte)
         ms = pc.held_bytes * (self.rate_ms_per_byte(pc) + copy)
         if pc.carries is Carries.ids and self.id_weights:   # the weights' payload: the ids' elements as float32
             ms *= 1 + FP32 / self.id_bytes

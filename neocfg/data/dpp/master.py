@@ -45,8 +45,8 @@ from neocfg.types import OnBadSplit
 MAX_SPLIT_ATTEMPTS = 3
 # Replacement workers allowed per configured worker before the service gives up (something kills every worker).
 MAX_RESTARTS_PER_WORKER = 8
-# Backup tasks (Dean and Ghemawat, MapReduce, OSDI'04, section 3.6: a backup execution of the in-progress tasks
-# cuts a sort's time by 44% that stragglers add): a lease is a straggler once it runs this many times the median
+# Backup tasks (Dean and Ghemawat, MapReduce, OSDI'04, section 3.6: their sort took 44% longer with backup tasks
+# turned off, waiting on stragglers): a lease is a straggler once it runs this many times the median
 # of the last BACKUP_WINDOW splits' read times, and at least BACKUP_MIN_S. The floor keeps a service whose splits
 # take milliseconds from reading splits twice on a scheduling hiccup; the cost of a backup is one split read again.
 BACKUP_FACTOR = 4.0
