@@ -197,10 +197,10 @@ def _delivered(audit: Path) -> int:
 
 
 def _run_with_a_node_fault(cluster: CliCluster, dataset: Path, tmp_path: Path, victim: int,
-                           fault: Callable[[int], set[int]]) -> tuple[str, dict, int]:
+                           fault: Callable[[int], set[int]]) -> tuple[str, dict]:
     """A 2-rank run on the cluster; once it delivered KILL_AFTER_SAMPLES with a DPP worker up on the victim node,
     `fault(victim)` (the pids it hit). Asserts that the run exits 0 and delivered every sample exactly once in every
-    epoch but the last two (still under way in a rank's hand); returns its output, metrics and epochs."""
+    epoch but the last two (still under way in a rank's hand); returns its output and metrics."""
     audit = tmp_path / "audit"
     env = {**cluster.env, AUDIT_ENV: str(audit)}
     p = _train(tmp_path / "run", dataset, env, f"dsi.ray.address={cluster.address}", f"train.steps={STEPS}",
@@ -244,12 +244,12 @@ def _run_with_a_node_fault(cluster: CliCluster, dataset: Path, tmp_path: Path, v
             assert got == want, f"epoch {e}: {len(lost)} samples lost{span} ({story})"
     assert m["duplicate_samples"] == 0
     print(f"{len(hit)} processes of node {victim} hit: {story}, run {m['wall_s']:.0f} s")
-    return out, m, len(epochs)
+    return out, m
 
 
 def test_a_killed_worker_node_loses_no_sample_and_duplicates_none(cluster, dataset, tmp_path):
     victim = cluster.node_ports[-1]
-    out, m, _ = _run_with_a_node_fault(cluster, dataset, tmp_path, victim, cluster.kill_node)
+    out, m = _run_with_a_node_fault(cluster, dataset, tmp_path, victim, cluster.kill_node)
     assert cluster.raylet(victim) is None
     assert "3 node(s)" in out, out[-3000:]
     assert m["dpp"]["worker_restarts"] >= 1, m["dpp"]  # the killed node's workers were replaced
@@ -262,7 +262,7 @@ def test_a_hung_worker_node_delays_no_split_and_loses_none(cluster, dataset, tmp
     once their fetch times out, so every epoch but the last two is still delivered whole, within the run."""
     victim = cluster.add_node(num_cpus=2)
     try:
-        out, m, _ = _run_with_a_node_fault(cluster, dataset, tmp_path, victim, cluster.stop_node)
+        _, m = _run_with_a_node_fault(cluster, dataset, tmp_path, victim, cluster.stop_node)
     finally:
         cluster.kill_node(victim)
     assert m["data"]["dpp.backups"] >= 1 or m["data"]["dpp.splits_reread"] >= 1, m["data"]

@@ -72,6 +72,8 @@ FETCH_MIN_BYTES_PER_S = 10e6
 
 def fetch_timeout_s(bytes_read: int) -> float:
     return FETCH_MIN_S + bytes_read / FETCH_MIN_BYTES_PER_S
+
+
 # The master's loop wakes at least this often (seconds) to check timeouts, scaling and shutdown.
 TICK_S = 0.05
 # A client blocked in pull is woken by every change it waits for (a finished split, the end, an error); it also
