@@ -43,6 +43,7 @@ from neocfg.errors import ConfigError
 from neocfg.plan import Plan, StepStrategies
 from neocfg.sharding import SCHEMES, OutputKind, Routing
 from neocfg.sharding import has_all_to_all as tables_have_all_to_all
+from neocfg.sharding import has_output_kind
 from neocfg.sharding.collectives import ID32_LIMIT, LENGTH_ENTRIES_PER_ID, Collective, encoding_for, step_collectives
 from neocfg.types import (DataSource, DenseGradSync, DeviceKind, IdDtype, IdsExchange, OutputOverlap, PartialSums,
                           PrefetchPriority, RoutingEncoding)
@@ -112,8 +113,7 @@ def sums_by_all_to_all(mode: PartialSums, cpu_ranks: bool, partial_sums: bool = 
 
 def has_partial_sums(plan: Plan) -> bool:
     """Some table's pooled outputs are partial sums reduce-scattered over the world (row-wise on every rank)."""
-    return any(SCHEMES[t.sharding].output_kind([s.rank for s in t.shards], plan.world_size, plan.devices_per_node)
-               is OutputKind.reduce_scatter for t in plan.tables)
+    return has_output_kind(plan.tables, OutputKind.reduce_scatter, plan.world_size, plan.devices_per_node)
 
 
 def id_dtype(plan: Plan, batch_size: int) -> IdDtype:

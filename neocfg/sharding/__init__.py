@@ -60,11 +60,16 @@ def embedding_collectives(shardings: Iterable[ShardingType], ids: int = IDS_COLL
     return ids + sum(OUTPUT_COLLECTIVES[k] for k in _output_kinds(shardings, world, devices_per_node))
 
 
-def has_all_to_all(tables: Iterable, world: int, devices_per_node: int) -> bool:
-    """Some planned table's pooled outputs come back by the world's all-to-all: its type's output kind on the ranks
-    its shards sit on (neocfg.plan.TablePlan; what the runtime's exchange builds its all-to-all from)."""
+def has_output_kind(tables: Iterable, kind: OutputKind, world: int, devices_per_node: int) -> bool:
+    """Some planned table's pooled outputs take this kind: its type's output kind on the ranks its shards sit on
+    (neocfg.plan.TablePlan; what the runtime's exchange builds its collectives from)."""
     return any(SCHEMES[t.sharding].output_kind([s.rank for s in t.shards], world, devices_per_node)
-               is OutputKind.all_to_all for t in tables)
+               is kind for t in tables)
+
+
+def has_all_to_all(tables: Iterable, world: int, devices_per_node: int) -> bool:
+    """Some planned table's pooled outputs come back by the world's all-to-all."""
+    return has_output_kind(tables, OutputKind.all_to_all, world, devices_per_node)
 
 
 def gather_collectives(shardings: Iterable[ShardingType], world: int = 0, devices_per_node: int = 0,
@@ -80,4 +85,5 @@ def _output_kinds(shardings: Iterable[ShardingType], world: int, devices_per_nod
 
 __all__ = ["SCHEMES", "Scheme", "OutputKind", "Routing", "Spread", "PieceShape", "CostTerms", "IDS_COLLECTIVES",
            "OUTPUT_COLLECTIVES", "GATHER_COLLECTIVES", "FBGEMM_DIM_ALIGN", "embedding_collectives",
-           "gather_collectives", "has_all_to_all", "row_ranges", "row_block", "column_slices", "ceil_div", "discover"]
+           "gather_collectives", "has_all_to_all", "has_output_kind", "row_ranges", "row_block", "column_slices",
+           "ceil_div", "discover"]
