@@ -312,6 +312,8 @@ class RayPool:
                 events += self._pinged(pings[ref], ref)
                 continue
             wid = refs[ref]
+            if wid not in self._waiting:  # its failed ping, earlier in this batch, reported it gone already
+                continue
             _, split = self._waiting.pop(wid)
             try:
                 got = ray.get(ref)
